@@ -1,0 +1,107 @@
+"""Plain values that describe what the hardware layer discovered.
+
+These are the contract between `dra_gpu.hardware` (which fills them from NVML or the simulator) and every pure
+module above it (`inventory`, `slices`, `sharing`, `allocator`). They hold no handles and do no I/O, so they can be
+built by hand in tests and serialised into checkpoints.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class ComputeMode(enum.IntEnum):
+    """NVML compute modes (`NVML_COMPUTEMODE_*`)."""
+
+    DEFAULT = 0
+    EXCLUSIVE_THREAD = 1  # deprecated by NVIDIA, never set by us
+    PROHIBITED = 2
+    EXCLUSIVE_PROCESS = 3
+
+
+@dataclass(frozen=True)
+class MigPlacement:
+    """A GPU-instance placement, in memory slices: `{start}:size` as `nvidia-smi mig -lgipp` prints it."""
+
+    start: int
+    size: int
+
+    @property
+    def memory_slices(self) -> range:
+        return range(self.start, self.start + self.size)
+
+
+@dataclass(frozen=True)
+class MigProfileInfo:
+    """One GPU-instance profile of a MIG-capable GPU (`nvmlDeviceGetGpuInstanceProfileInfo`)."""
+
+    name: str  # "1g.10gb", "1g.10gb+me"
+    gi_profile_id: int  # info.id as nvidia-smi prints it (19, 20, 15, 14, 9, 5, 0), not the NVML enum
+    compute_slices: int  # sliceCount
+    memory_slices: int  # placement size
+    memory_mib: int  # memorySizeMB
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    max_instances: int  # instanceCount
+    placements: tuple[MigPlacement, ...]  # every valid placement, empty GPU
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """A MIG device that exists now (GPU instance + compute instance)."""
+
+    parent_uuid: str
+    parent_minor: int
+    uuid: str  # "MIG-..."
+    profile: str  # "1g.10gb"
+    gi_profile_id: int
+    gi_id: int
+    ci_id: int
+    placement: MigPlacement
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """Everything the driver needs to know about one physical GPU."""
+
+    index: int  # NVML index: unstable across boots, never used in names
+    minor: int  # /dev/nvidia<minor>: used in device names
+    uuid: str
+    product_name: str
+    brand: str  # "Tesla", "NVIDIA", ...
+    architecture: str  # "Ampere", "Hopper", "Ada Lovelace", "Turing", ...
+    cuda_compute_capability: tuple[int, int]
+    memory_bytes: int
+    multiprocessors: int
+    pci_bus_id: str  # "0000:07:00.0" (lower case, domain included)
+    pcie_root: str | None  # "pci0000:00", None when unknown
+    numa_node: int | None  # None when the platform reports none
+    interconnect: str | None  # NVLink/NVSwitch domain id, e.g. "nvswitch-0"; None for PCIe-only GPUs
+    mig_capable: bool
+    mig_enabled: bool  # current MIG mode
+    mig_pending: bool  # pending MIG mode (differs from current on Ampere until a reset)
+    mig_toggle_without_reset: bool  # Hopper and newer
+    compute_mode: ComputeMode
+    mig_profiles: tuple[MigProfileInfo, ...] = ()
+    mig_instances: tuple[MigInstance, ...] = ()
+
+
+@dataclass(frozen=True)
+class DiscoveryError:
+    """A GPU that could not be read; the others are still published."""
+
+    gpu_index: int | None  # None for a failure that is not tied to one GPU
+    message: str  # names the GPU and the cause
+
+
+@dataclass(frozen=True)
+class DiscoveryResult:
+    driver_version: str  # as NVML reports it, e.g. "550.54.15"
+    cuda_driver_version: tuple[int, int]  # (12, 4)
+    gpus: tuple[GpuInfo, ...]
+    errors: tuple[DiscoveryError, ...] = field(default=())

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs for the kubelet plugin protocols; regenerate with `make protos`, never edit by hand."""

@@ -1,0 +1,81 @@
+"""The seam between the prepare service (plugin) and the sharing machinery.
+
+The plugin resolves a claim's allocation into groups of devices that share one opaque config, then asks a
+`SharingManager` to apply each group's config (time-slicing, MPS, dynamic MIG creation). What the manager did is
+returned as a JSON-serialisable `state`, written into the checkpoint, and handed back to `unprepare_group` so the
+undo works after a plugin restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dra_gpu.hardware.types import MigInstance
+from dra_gpu.inventory.model import Device
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One allocation result of our driver, joined with what the device model says about that device."""
+
+    request: str  # "req" or "req/sub" as in the allocation result
+    pool: str
+    device: Device
+    admin_access: bool = False
+    share_id: str | None = None
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)  # capacity name -> quantity string
+
+
+@dataclass(frozen=True)
+class CdiMount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ("rw", "nosuid", "nodev", "bind")
+
+
+@dataclass(frozen=True)
+class CdiDeviceNode:
+    path: str  # path in the container
+    host_path: str | None = None
+
+
+@dataclass(frozen=True)
+class CdiEdits:
+    """Container edits in CDI terms (env as "KEY=VALUE")."""
+
+    env: tuple[str, ...] = ()
+    mounts: tuple[CdiMount, ...] = ()
+    device_nodes: tuple[CdiDeviceNode, ...] = ()
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    state: Mapping[str, Any]  # JSON-serialisable; everything unprepare_group needs, checkpointed
+    edits: CdiEdits  # applied to every device of the group
+    mig_instances: Mapping[str, MigInstance] = field(default_factory=dict)  # device name -> created instance
+
+
+class SharingError(Exception):
+    """A sharing action failed; the message names the device and the cause. Nothing is left behind."""
+
+
+class SharingManager(Protocol):
+    def prepare_group(
+        self, claim_uid: str, config: object | None, devices: Sequence[AllocatedDevice]
+    ) -> GroupResult:
+        """Apply `config` (a decoded GpuConfig/MigDeviceConfig, or None for defaults) to the devices.
+
+        Creates dynamic MIG devices, sets time-slicing, starts MPS. On failure rolls back what it did and raises
+        SharingError.
+        """
+        ...
+
+    def unprepare_group(self, claim_uid: str, state: Mapping[str, Any]) -> None:
+        """Undo what prepare_group did. Idempotent; safe after a restart."""
+        ...
+
+    def destroy_unowned_mig(self, owned: set[tuple[str, int, int]]) -> list[str]:
+        """At start-up: destroy MIG instances (parent uuid, gi id, ci id) that no checkpointed claim owns."""
+        ...

@@ -1,0 +1,267 @@
+#!/usr/bin/env bash
+# Builds the pinned Kubernetes test-cluster components from the Go module proxy into
+#   ${DRA_GPU_CACHE:-$HOME/.cache/dra-gpu}/k8s/<KUBERNETES_VERSION>/bin
+# Usage: e2e/cluster/build.sh control-plane|node|all|helm [...]
+#   control-plane  etcd, kube-apiserver (what the pytest fixture needs)
+#   all            control-plane + kube-controller-manager, kube-scheduler, kubelet, kubectl, containerd, runc, CNI
+#   helm           helm
+# A stamp per component (version + recipe) makes a second run instant. Build times go to
+# e2e/_artifacts/build-times.json.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=versions.env
+source "$HERE/versions.env"
+
+CACHE="${DRA_GPU_CACHE:-$HOME/.cache/dra-gpu}"
+BIN="$CACHE/k8s/$KUBERNETES_VERSION/bin"
+SRC="$CACHE/src"
+STAMPS="$BIN/.stamps"
+ARTIFACTS="$REPO/e2e/_artifacts"
+TIMES_JSON="$ARTIFACTS/build-times.json"
+LOG_DIR="$CACHE/build-logs"
+
+# Everything comes from the module proxy; never let go fetch another toolchain or touch a workspace.
+export GOTOOLCHAIN=local GOWORK=off
+export GOFLAGS="-mod=mod -buildvcs=false -trimpath"
+NICE=(nice -n 10)
+
+log() { echo "[build] $*" >&2; }
+die() { echo "[build] ERROR: $*" >&2; exit 1; }
+
+record_time() { # component version kind(seconds field) seconds
+    mkdir -p "$ARTIFACTS"
+    python3 - "$TIMES_JSON" "$1" "$2" "$3" "$4" <<'PY'
+import json, sys, os, time
+path, comp, version, field, secs = sys.argv[1:]
+data = {}
+if os.path.exists(path):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        data = {}
+entry = data.setdefault("components", {}).setdefault(comp, {})
+entry["version"] = version
+entry[field] = round(float(secs), 2)
+entry[field + "_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+data["host"] = {"cpus": os.cpu_count()}
+tmp = path + ".tmp"
+with open(tmp, "w") as f:
+    json.dump(data, f, indent=2, sort_keys=True)
+    f.write("\n")
+os.replace(tmp, path)
+PY
+}
+
+# run_logged COMPONENT CMD...: runs a build command, its output in a log; on failure names both.
+run_logged() {
+    local component="$1"; shift
+    local logf="$LOG_DIR/$component.log"
+    mkdir -p "$LOG_DIR"
+    echo "+ $*" >>"$logf"
+    if ! "$@" >>"$logf" 2>&1; then
+        echo "[build] ERROR: $component failed; command: $*" >&2
+        echo "[build] last lines of $logf:" >&2
+        tail -n 30 "$logf" >&2
+        exit 1
+    fi
+}
+
+stamp_ok() { # name recipe binaries...
+    local name="$1" recipe="$2"; shift 2
+    [[ -f "$STAMPS/$name" && "$(cat "$STAMPS/$name")" == "$recipe" ]] || return 1
+    local b
+    for b in "$@"; do [[ -x "$BIN/$b" ]] || return 1; done
+}
+
+write_stamp() { mkdir -p "$STAMPS"; printf '%s' "$2" >"$STAMPS/$1"; }
+
+# module_dir MODULE@VERSION: downloads a module and prints its (read-only) directory in the module cache.
+module_dir() {
+    local json dir
+    json="$(go mod download -json "$1")" || die "go mod download -json $1 failed"
+    dir="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")"
+    [[ -n "$dir" && -d "$dir" ]] || die "go mod download $1 gave no directory: $json"
+    echo "$dir"
+}
+
+# writable_source MODULE VERSION STAGING_VERSION: a writable copy of a module with its monorepo-local
+# replaces dropped (see gomod_localize.py). Prints the directory.
+writable_source() {
+    local module="$1" version="$2" staging="$3"
+    local name dest ready
+    name="$(echo "$module" | tr '/' '_')@$version"
+    dest="$SRC/$name"
+    ready="$dest/.dra-gpu-prepared"
+    if [[ ! -f "$ready" ]]; then
+        log "preparing source $module@$version"
+        local from
+        from="$(module_dir "$module@$version")"
+        rm -rf "$dest"; mkdir -p "$dest"
+        cp -r "$from/." "$dest/"
+        chmod -R u+w "$dest"
+        rm -f "$dest/go.work" "$dest/go.work.sum"
+        local edits
+        edits="$(cd "$dest" && go mod edit -json | python3 "$HERE/gomod_localize.py" "$staging")"
+        if [[ -n "$edits" ]]; then
+            # shellcheck disable=SC2086
+            (cd "$dest" && go mod edit $edits) || die "go mod edit in $dest failed"
+        fi
+        touch "$ready"
+    fi
+    echo "$dest"
+}
+
+# ---------------------------------------------------------------------------------------------- Kubernetes
+k8s_ldflags() {
+    local v="${KUBERNETES_VERSION#v}" major minor date
+    major="${v%%.*}"; minor="$(echo "$v" | cut -d. -f2)"
+    # The module's publication time: a reproducible build date.
+    date="$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$KUBERNETES_VERSION.info" 2>/dev/null || true)"
+    [[ -n "$date" ]] || date="1970-01-01T00:00:00Z"
+    local flags="-s -w" pkg
+    # /version and --version come from these; the driver picks its ResourceSlice layout from the minor.
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        flags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+        flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$date -X $pkg.gitCommit=module-proxy-$KUBERNETES_VERSION"
+    done
+    echo "$flags"
+}
+
+build_k8s() { # binaries...
+    local todo=() b
+    for b in "$@"; do
+        if stamp_ok "$b" "$KUBERNETES_VERSION cgo0" "$b"; then
+            log "$b $KUBERNETES_VERSION up to date"
+        else
+            todo+=("$b")
+        fi
+    done
+    ((${#todo[@]})) || return 0
+    local src
+    src="$(writable_source k8s.io/kubernetes "$KUBERNETES_VERSION" "$KUBERNETES_STAGING_VERSION")"
+    local ldflags
+    ldflags="$(k8s_ldflags)"
+    for b in "${todo[@]}"; do
+        log "$b $KUBERNETES_VERSION ..."
+        local t0=$SECONDS
+        (cd "$src" && CGO_ENABLED=0 run_logged "$b" "${NICE[@]}" go build -ldflags "$ldflags" -o "$BIN/$b" "./cmd/$b")
+        write_stamp "$b" "$KUBERNETES_VERSION cgo0"
+        log "$b $KUBERNETES_VERSION done in $((SECONDS - t0))s"
+        record_time "$b" "$KUBERNETES_VERSION" build_s "$((SECONDS - t0))"
+    done
+}
+
+# -------------------------------------------------------------------------------------------------- etcd
+build_etcd() {
+    if stamp_ok etcd "$ETCD_VERSION cgo0" etcd; then log "etcd $ETCD_VERSION up to date"; return 0; fi
+    log "etcd $ETCD_VERSION ..."
+    local t0=$SECONDS src
+    src="$(writable_source go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION")"
+    (cd "$src" && CGO_ENABLED=0 run_logged etcd "${NICE[@]}" go build -ldflags "-s -w" -o "$BIN/etcd" .)
+    write_stamp etcd "$ETCD_VERSION cgo0"
+    log "etcd $ETCD_VERSION done in $((SECONDS - t0))s"
+    record_time etcd "$ETCD_VERSION" build_s "$((SECONDS - t0))"
+}
+
+# ----------------------------------------------------------------------------------------- containerd
+build_containerd() {
+    local recipe="$CONTAINERD_VERSION cgo0 no_btrfs,no_devmapper,no_zfs"
+    if stamp_ok containerd "$recipe" containerd containerd-shim-runc-v2 ctr; then
+        log "containerd $CONTAINERD_VERSION up to date"; return 0
+    fi
+    log "containerd $CONTAINERD_VERSION ..."
+    local t0=$SECONDS src
+    src="$(writable_source github.com/containerd/containerd/v2 "$CONTAINERD_VERSION" "$CONTAINERD_VERSION")"
+    local ld="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
+    ld+=" -X github.com/containerd/containerd/v2/version.Revision=module-proxy"
+    local c
+    for c in containerd containerd-shim-runc-v2 ctr; do
+        (cd "$src" && CGO_ENABLED=0 run_logged containerd "${NICE[@]}" go build \
+            -tags "no_btrfs no_devmapper no_zfs" -ldflags "$ld" -o "$BIN/$c" "./cmd/$c")
+    done
+    write_stamp containerd "$recipe"
+    log "containerd $CONTAINERD_VERSION done in $((SECONDS - t0))s"
+    record_time containerd "$CONTAINERD_VERSION" build_s "$((SECONDS - t0))"
+}
+
+# ------------------------------------------------------------------------------------------------- runc
+build_runc() {
+    # runc's nsenter is C, so cgo is required; seccomp only when libseccomp-dev is installed.
+    local tags=""
+    if [[ -f /usr/include/seccomp.h ]]; then tags="seccomp"; fi
+    local recipe="$RUNC_VERSION cgo1 tags=$tags"
+    if stamp_ok runc "$recipe" runc; then log "runc $RUNC_VERSION up to date"; return 0; fi
+    log "runc $RUNC_VERSION (tags: ${tags:-none}) ..."
+    local t0=$SECONDS src
+    src="$(writable_source github.com/opencontainers/runc "$RUNC_VERSION" "$RUNC_VERSION")"
+    (cd "$src" && CGO_ENABLED=1 run_logged runc "${NICE[@]}" go build -tags "$tags" \
+        -ldflags "-s -w -X main.version=${RUNC_VERSION#v} -X main.gitCommit=module-proxy" -o "$BIN/runc" .)
+    write_stamp runc "$recipe"
+    log "runc $RUNC_VERSION done in $((SECONDS - t0))s"
+    record_time runc "$RUNC_VERSION" build_s "$((SECONDS - t0))"
+}
+
+# ------------------------------------------------------------------------------------------ CNI plugins
+CNI_PLUGINS=(main/bridge main/loopback ipam/host-local meta/portmap)
+build_cni() {
+    local names=() p
+    for p in "${CNI_PLUGINS[@]}"; do names+=("cni/${p#*/}"); done
+    if stamp_ok cni "$CNI_PLUGINS_VERSION cgo0 ${CNI_PLUGINS[*]}" "${names[@]}"; then
+        log "cni plugins $CNI_PLUGINS_VERSION up to date"; return 0
+    fi
+    log "cni plugins $CNI_PLUGINS_VERSION ..."
+    local t0=$SECONDS src
+    src="$(writable_source github.com/containernetworking/plugins "$CNI_PLUGINS_VERSION" "$CNI_PLUGINS_VERSION")"
+    mkdir -p "$BIN/cni"
+    for p in "${CNI_PLUGINS[@]}"; do
+        (cd "$src" && CGO_ENABLED=0 run_logged cni "${NICE[@]}" go build -ldflags "-s -w" \
+            -o "$BIN/cni/${p#*/}" "./plugins/$p")
+    done
+    write_stamp cni "$CNI_PLUGINS_VERSION cgo0 ${CNI_PLUGINS[*]}"
+    log "cni plugins $CNI_PLUGINS_VERSION done in $((SECONDS - t0))s"
+    record_time cni-plugins "$CNI_PLUGINS_VERSION" build_s "$((SECONDS - t0))"
+}
+
+# ------------------------------------------------------------------------------------------------- helm
+build_helm() {
+    local major="${HELM_VERSION%%.*}"
+    if stamp_ok helm "$HELM_VERSION cgo0" helm; then log "helm $HELM_VERSION up to date"; return 0; fi
+    log "helm $HELM_VERSION ..."
+    local t0=$SECONDS src
+    src="$(writable_source "helm.sh/helm/$major" "$HELM_VERSION" "$HELM_VERSION")"
+    (cd "$src" && CGO_ENABLED=0 run_logged helm "${NICE[@]}" go build \
+        -ldflags "-s -w -X helm.sh/helm/$major/internal/version.version=$HELM_VERSION" -o "$BIN/helm" ./cmd/helm)
+    write_stamp helm "$HELM_VERSION cgo0"
+    log "helm $HELM_VERSION done in $((SECONDS - t0))s"
+    record_time helm "$HELM_VERSION" build_s "$((SECONDS - t0))"
+}
+
+# ------------------------------------------------------------------------------------------------- main
+main() {
+    (($#)) || set -- control-plane
+    command -v go >/dev/null || die "go is not installed (need go >= 1.26 for Kubernetes $KUBERNETES_VERSION)"
+    mkdir -p "$BIN" "$SRC"
+    # Several test sessions may call build.sh at once: one builds, the others wait and then see the stamps.
+    exec 9>"$CACHE/k8s/.build.lock"
+    flock 9
+    local t0=$SECONDS target
+    for target in "$@"; do
+        case "$target" in
+            control-plane) build_etcd; build_k8s kube-apiserver ;;
+            node) build_k8s kubelet; build_containerd; build_runc; build_cni ;;
+            all)
+                build_etcd
+                build_k8s kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet
+                build_containerd; build_runc; build_cni ;;
+            scheduler) build_k8s kube-scheduler ;;
+            helm) build_helm ;;
+            *) die "unknown target '$target' (use control-plane, node, all, scheduler or helm)" ;;
+        esac
+    done
+    log "binaries in $BIN ($((SECONDS - t0))s)"
+}
+
+main "$@"
