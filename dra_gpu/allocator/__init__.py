@@ -1,0 +1,1 @@
+"""The scheduler's structured allocator semantics (pure): pools, requests, first fit, explain."""

@@ -1,0 +1,1 @@
+"""The Kubernetes DRA device-selector CEL environment (pure). Entry point: `dra_gpu.cel.environment`."""

@@ -89,6 +89,8 @@ class Device:
 class DeviceModel:
     devices: tuple[Device, ...]
     counter_sets: tuple[CounterSet, ...] = field(default=())
+    # what could not be published and why (GPUs that failed discovery, MIG enabled without devices, ...)
+    warnings: tuple[str, ...] = field(default=())
 
     def by_name(self) -> dict[str, Device]:
         return {d.name: d for d in self.devices}

@@ -30,11 +30,14 @@ NICE=(nice -n 10)
 log() { echo "[build] $*" >&2; }
 die() { echo "[build] ERROR: $*" >&2; exit 1; }
 
-record_time() { # component version kind(seconds field) seconds
+BUILT=0  # components actually compiled in this run (0: every stamp was current, a "warm" run)
+
+record_time() { # component version field seconds [section]
     mkdir -p "$ARTIFACTS"
-    python3 - "$TIMES_JSON" "$1" "$2" "$3" "$4" <<'PY'
+    [[ "$3" == build_s ]] && BUILT=$((BUILT + 1))
+    python3 - "$TIMES_JSON" "$1" "$2" "$3" "$4" "${5:-components}" <<'PY'
 import json, sys, os, time
-path, comp, version, field, secs = sys.argv[1:]
+path, comp, version, field, secs, section = sys.argv[1:]
 data = {}
 if os.path.exists(path):
     try:
@@ -42,7 +45,7 @@ if os.path.exists(path):
             data = json.load(f)
     except (OSError, ValueError):
         data = {}
-entry = data.setdefault("components", {}).setdefault(comp, {})
+entry = data.setdefault(section, {}).setdefault(comp, {})
 entry["version"] = version
 entry[field] = round(float(secs), 2)
 entry[field + "_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -249,6 +252,7 @@ main() {
     flock 9
     local t0=$SECONDS target
     for target in "$@"; do
+        local t_target=$SECONDS built_before=$BUILT
         case "$target" in
             control-plane) build_etcd; build_k8s kube-apiserver ;;
             node) build_k8s kubelet; build_containerd; build_runc; build_cni ;;
@@ -260,6 +264,10 @@ main() {
             helm) build_helm ;;
             *) die "unknown target '$target' (use control-plane, node, all, scheduler or helm)" ;;
         esac
+        # cold_s: this target compiled something; warm_s: every stamp was current.
+        local kind=warm_s
+        ((BUILT > built_before)) && kind=cold_s
+        record_time "$target" "$KUBERNETES_VERSION" "$kind" "$((SECONDS - t_target))" targets
     done
     log "binaries in $BIN ($((SECONDS - t0))s)"
 }

@@ -37,6 +37,15 @@ def generated_names() -> list[str]:
     return sorted(module + suffix for module in PROTO_MODULES.values() for suffix in GENERATED_SUFFIXES)
 
 
+def _tool(name: str) -> str:
+    """mypy-protobuf's protoc plugins live next to the interpreter; the venv need not be on PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        raise SystemExit(f"{name} not found: install the dev extras (`pip install -e '.[dev]'`, mypy-protobuf)")
+    return found
+
+
 def generate_into(out_dir: Path) -> None:
     """Compile every proto; the generated files land flat in `out_dir`."""
     from grpc_tools import protoc  # dev dependency: only needed to regenerate
@@ -53,6 +62,8 @@ def generate_into(out_dir: Path) -> None:
         grpc_include = Path(protoc.__file__).parent / "_proto"
         args = [
             "grpc_tools.protoc",
+            f"--plugin=protoc-gen-mypy={_tool('protoc-gen-mypy')}",
+            f"--plugin=protoc-gen-mypy_grpc={_tool('protoc-gen-mypy_grpc')}",
             f"-I{staging}",
             f"-I{grpc_include}",
             f"--python_out={target}",

@@ -1,0 +1,43 @@
+# syntax=docker/dockerfile:1
+# dra-gpu: one image for the kubelet plugin (DaemonSet, runs as root: it needs the node's device nodes,
+# mounts in the kubelet's plugin directory, MIG and MPS control) and the admission webhook (runs as the
+# unprivileged user 65532). Build: `make image` (manifests/image/build.sh).
+#
+# Reproducible inputs: the base image is a build argument (pin it by digest in release builds, e.g.
+# --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:...), and Python dependencies come from
+# manifests/image/requirements.lock (exact versions, installed with --no-deps so nothing is re-resolved).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/dra-gpu
+COPY manifests/image/requirements.lock /tmp/requirements.lock
+RUN /opt/dra-gpu/bin/pip install --no-deps --only-binary=:all: -r /tmp/requirements.lock
+COPY pyproject.toml README.md /src/
+COPY dra_gpu /src/dra_gpu
+# The project itself, without touching the locked dependencies; then compile bytecode once, at build time.
+RUN /opt/dra-gpu/bin/pip install --no-deps /src \
+ && /opt/dra-gpu/bin/python -m compileall -q /opt/dra-gpu/lib \
+ && /opt/dra-gpu/bin/pip check
+
+FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="dra-gpu" \
+      org.opencontainers.image.description="Kubernetes DRA driver for NVIDIA GPUs (gpu.nvidia.com): kubelet plugin and admission webhook" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://github.com/dra-gpu/dra-gpu"
+# util-linux: mount/umount for the MPS shared-memory tmpfs. No NVIDIA libraries are baked in: the plugin uses
+# the driver installed on the node (mounted from nvidiaDriverRoot), so one image serves every driver version.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends util-linux \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 65532 dra-gpu \
+ && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin dra-gpu
+COPY --from=build /opt/dra-gpu /opt/dra-gpu
+ENV PATH=/opt/dra-gpu/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# Non-root by default (the webhook); the chart runs the kubelet plugin with runAsUser: 0 and privileged.
+USER 65532:65532
+CMD ["dra-gpu", "--help"]

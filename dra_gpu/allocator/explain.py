@@ -1,0 +1,213 @@
+"""Explain, for a set of claims, what the scheduler would allocate in a cluster and why devices are rejected.
+
+Pure: takes parsed claims, DeviceClasses, a `SliceIndex`, the nodes and what other claims already hold. Nodes
+are
+tried in the scheduler's order (sorted names); the first node that fits gets the allocation, but the matching
+devices of every node are reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_gpu.allocator.claims import DeviceClassSpec
+from dra_gpu.allocator.matching import SelectorSet
+from dra_gpu.allocator.model import AllocatedDevice, ClaimSpec, DeviceRequestSpec, Rejection
+from dra_gpu.allocator.pools import Node, SliceIndex
+from dra_gpu.allocator.search import DEFAULT_STEP_LIMIT, Existing, NodeAllocator, NodeResult
+
+
+@dataclass
+class SubrequestExplanation:
+    name: str
+    matching: list[str] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    allocated: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RequestExplanation:
+    name: str
+    matching: list[str] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    allocated: list[str] = field(default_factory=list)
+    subrequests: list[SubrequestExplanation] = field(default_factory=list)
+
+
+@dataclass
+class ClaimExplanation:
+    namespace: str
+    name: str
+    allocatable: bool
+    node: str | None
+    reason: str | None
+    requests: list[RequestExplanation]
+    results: list[AllocatedDevice]
+    configs: list[dict[str, Any]]
+    node_failures: dict[str, str]  # node -> why the claim (group) does not fit there
+
+
+def explain(
+    groups: Sequence[Sequence[ClaimSpec]],
+    classes: Mapping[str, DeviceClassSpec],
+    index: SliceIndex,
+    nodes: Sequence[Node],
+    existing: Existing,
+    step_limit: int = DEFAULT_STEP_LIMIT // 10,
+) -> list[ClaimExplanation]:
+    """`groups`: claims that must land on one node together (the claims of one pod), each explained."""
+    ordered = sorted(nodes, key=lambda n: n.name)
+    pools_by_node = {node.name: index.pools_for(node) for node in ordered}
+    out: list[ClaimExplanation] = []
+    for group in groups:
+        out.extend(_explain_group(group, classes, pools_by_node, ordered, existing, step_limit))
+    return out
+
+
+def _explain_group(
+    group: Sequence[ClaimSpec],
+    classes: Mapping[str, DeviceClassSpec],
+    pools_by_node: Mapping[str, Any],
+    nodes: Sequence[Node],
+    existing: Existing,
+    step_limit: int,
+) -> list[ClaimExplanation]:
+    selector_sets: dict[tuple[int, str], SelectorSet] = {}
+    chosen: NodeResult | None = None
+    failures: dict[str, str] = {}
+    per_node: list[NodeResult] = []
+    for node in nodes:
+        allocator = NodeAllocator(
+            node.name, group, classes, pools_by_node[node.name], existing, selector_sets, step_limit
+        )
+        if chosen is None:
+            result = allocator.run()
+            if result.success:
+                chosen = result
+            else:
+                failures[node.name] = result.reason or "does not fit"
+        else:
+            # Allocation is decided; still list what matches on the remaining nodes.
+            for claim_index, claim in enumerate(group):
+                for request in claim.requests:
+                    for alternative in request.alternatives:
+                        allocator.report_for(claim_index, alternative)
+            result = NodeResult(node.name, False, None, [[] for _ in group], allocator.reports, {})
+        per_node.append(result)
+    explanations = []
+    for claim_index, claim in enumerate(group):
+        results = chosen.results[claim_index] if chosen is not None else []
+        requests = [
+            _request_explanation(claim_index, request.name, request.alternatives, per_node, results, chosen)
+            for request in claim.requests
+        ]
+        reason = None
+        if chosen is None:
+            reason = _summarize_failures(failures) if nodes else "no nodes in the inventory"
+        explanations.append(
+            ClaimExplanation(
+                namespace=claim.namespace,
+                name=claim.name,
+                allocatable=chosen is not None,
+                node=chosen.node if chosen is not None else None,
+                reason=reason,
+                requests=requests,
+                results=results,
+                configs=_allocation_configs(claim, results, classes) if chosen is not None else [],
+                node_failures=failures,
+            )
+        )
+    return explanations
+
+
+def _request_explanation(
+    claim_index: int,
+    name: str,
+    alternatives: Sequence[DeviceRequestSpec],
+    per_node: Sequence[NodeResult],
+    results: Sequence[AllocatedDevice],
+    chosen: NodeResult | None,
+) -> RequestExplanation:
+    subs = []
+    for alternative in alternatives:
+        sub = SubrequestExplanation(alternative.name)
+        key = f"{claim_index}:{alternative.name}"
+        for node_result in per_node:
+            report = node_result.reports.get(key)
+            if report is None:
+                continue
+            late = node_result.late_rejections.get(key, {}) if not node_result.success else {}
+            for candidate in report.eligible:
+                rejection = late.get(candidate.label)
+                if rejection is not None:
+                    sub.rejected.append(rejection)
+                else:
+                    sub.matching.append(candidate.label)
+            if report.abort and not report.rejected:
+                continue
+            sub.rejected.extend(report.rejected)
+        sub.allocated = [r.label for r in results if r.request == alternative.name]
+        subs.append(sub)
+    explanation = RequestExplanation(name)
+    if len(subs) == 1 and subs[0].name == name:
+        only = subs[0]
+        explanation.matching, explanation.rejected, explanation.allocated = (
+            only.matching,
+            only.rejected,
+            only.allocated,
+        )
+        return explanation
+    seen: set[str] = set()
+    for sub in subs:
+        for label in sub.matching:
+            if label not in seen:
+                seen.add(label)
+                explanation.matching.append(label)
+    rejected_first = {}
+    for sub in subs:
+        for rejection in sub.rejected:
+            if rejection.device not in seen and rejection.device not in rejected_first:
+                rejected_first[rejection.device] = Rejection(
+                    rejection.device, f"{sub.name}: {rejection.reason}", rejection.kind
+                )
+    explanation.rejected = list(rejected_first.values())
+    explanation.allocated = [r.label for r in results if r.request.split("/")[0] == name]
+    explanation.subrequests = subs
+    return explanation
+
+
+def _summarize_failures(failures: Mapping[str, str]) -> str:
+    if not failures:
+        return "no node can satisfy the claim"
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in failures.items():
+        by_reason.setdefault(reason, []).append(node)
+    parts = []
+    for reason, node_names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+        shown = ", ".join(node_names[:3]) + (
+            f" and {len(node_names) - 3} more" if len(node_names) > 3 else ""
+        )
+        parts.append(f"{reason} (node {shown})")
+    return "; ".join(parts)
+
+
+def _allocation_configs(
+    claim: ClaimSpec, results: Sequence[AllocatedDevice], classes: Mapping[str, DeviceClassSpec]
+) -> list[dict[str, Any]]:
+    """status.allocation.devices.config: class configs (FromClass) then claim configs (FromClaim)."""
+    configs: list[dict[str, Any]] = []
+    used_classes: dict[str, list[str]] = {}
+    for request in claim.requests:
+        for alternative in request.alternatives:
+            if any(r.request == alternative.name for r in results):
+                used_classes.setdefault(alternative.class_name, []).append(alternative.name)
+    for class_name, request_names in used_classes.items():
+        device_class = classes.get(class_name)
+        for config in device_class.configs if device_class else ():
+            configs.append({"source": "FromClass", "requests": request_names, **dict(config)})
+    for config in claim.configs:
+        entry = {"source": "FromClaim", **dict(config)}
+        configs.append(entry)
+    return configs

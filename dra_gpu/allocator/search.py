@@ -1,0 +1,493 @@
+"""First fit with backtracking on one node: the scheduler's structured allocator, in Python.
+
+Requests are handled in claim order, then request order; devices in pool order, slices by name, list order. A
+request that needs n devices tries combinations in that order (permutations of one set are never retried: they
+fail or succeed alike). `firstAvailable` subrequests are tried in order, and a later failure backtracks into
+the next subrequest. Devices already allocated to other claims, counters already consumed and capacity already
+shared come from `Existing`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from dra_gpu.allocator.claims import DeviceClassSpec
+from dra_gpu.allocator.matching import SelectorSet, capacity_share, untolerated_taint
+from dra_gpu.allocator.model import (
+    AllocatedDevice,
+    Candidate,
+    ClaimSpec,
+    Constraint,
+    DeviceId,
+    DeviceRequestSpec,
+    Pool,
+    Rejection,
+    quantity_of,
+)
+from dra_gpu.cel.semver import Semver, SemverError
+
+DEFAULT_STEP_LIMIT = 200_000
+
+
+@dataclass
+class Existing:
+    """What other (already allocated) claims hold."""
+
+    exclusive: set[DeviceId] = field(default_factory=set)
+    shared: dict[DeviceId, list[dict[str, Decimal]]] = field(
+        default_factory=dict
+    )  # multi-allocatable devices
+    holders: dict[DeviceId, str] = field(default_factory=dict)  # device -> "namespace/claim"
+
+    @classmethod
+    def from_claims(
+        cls, claims: Iterable[Mapping[str, Any]], skip: Collection[tuple[str, str]] = ()
+    ) -> Existing:
+        existing = cls()
+        for claim in claims:
+            meta = claim.get("metadata") or {}
+            ident = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+            if ident in skip:
+                continue
+            allocation = (claim.get("status") or {}).get("allocation") or {}
+            for result in (allocation.get("devices") or {}).get("results") or ():
+                if result.get("adminAccess"):
+                    continue
+                device_id = (str(result.get("driver")), str(result.get("pool")), str(result.get("device")))
+                existing.holders[device_id] = f"{ident[0]}/{ident[1]}"
+                if result.get("shareID") is not None or result.get("consumedCapacity"):
+                    consumed = {
+                        str(k): quantity_of(v, f"claim {ident[0]}/{ident[1]} consumedCapacity {k}")
+                        for k, v in (result.get("consumedCapacity") or {}).items()
+                    }
+                    existing.shared.setdefault(device_id, []).append(consumed)
+                else:
+                    existing.exclusive.add(device_id)
+        return existing
+
+
+@dataclass
+class RequestReport:
+    """Per request (or subrequest) on one node: eligible devices and why the others are not."""
+
+    name: str
+    eligible: list[Candidate] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    abort: str | None = None  # a CEL runtime error: the scheduler gives up on the node
+
+
+@dataclass
+class NodeResult:
+    node: str
+    success: bool
+    reason: str | None
+    results: list[list[AllocatedDevice]]  # per claim
+    reports: dict[str, RequestReport]  # "<claim index>:<request name>" -> report
+    late_rejections: dict[str, dict[str, Rejection]]  # same key -> device label -> reason found during search
+
+
+class _SearchAbortedError(Exception):
+    pass
+
+
+class NodeAllocator:
+    def __init__(
+        self,
+        node: str,
+        claims: Sequence[ClaimSpec],
+        classes: Mapping[str, DeviceClassSpec],
+        pools: Sequence[Pool],
+        existing: Existing,
+        selector_sets: dict[tuple[int, str], SelectorSet],
+        step_limit: int = DEFAULT_STEP_LIMIT,
+    ):
+        self.node = node
+        self.claims = claims
+        self.classes = classes
+        self.pools = pools
+        self.existing = existing
+        self.selector_sets = selector_sets
+        self.step_limit = step_limit
+        self.steps = 0
+        self.counters: dict[tuple[str, str, str], dict[str, Decimal]] = {}
+        self.by_id: dict[DeviceId, Candidate] = {}
+        self.reports: dict[str, RequestReport] = {}
+        self.late: dict[str, dict[str, Rejection]] = {}
+        self.picked: list[tuple[int, DeviceRequestSpec, Candidate, dict[str, Decimal] | None]] = []
+        self.picked_ids: dict[DeviceId, list[str]] = {}  # device -> requests that picked it in this cycle
+        self.constraint_values: dict[tuple[int, int], list[Any]] = {}
+        self._charged: list[bool] = []
+
+    # --------------------------------------------------------------------------------------------------
+    # ----------
+    def _init_counters(self) -> None:
+        for pool in self.pools:
+            for candidate in pool.candidates:
+                self.by_id[candidate.id] = candidate
+            for set_name, counters in pool.counter_sets.items():
+                self.counters[(pool.driver, pool.name, set_name)] = dict(counters)
+        # Devices held by other claims consume their counters (a shared device once).
+        held = set(self.existing.exclusive) | set(self.existing.shared)
+        for device_id in held:
+            held_device = self.by_id.get(device_id)
+            if held_device is None:
+                continue
+            for set_name, counters in held_device.consumes():
+                available = self.counters.get((held_device.driver, held_device.pool, set_name))
+                if available is None:
+                    continue
+                for counter, amount in counters.items():
+                    if counter in available:
+                        available[counter] = max(Decimal(0), available[counter] - amount)
+
+    # --------------------------------------------------------------------------------------------------
+    # ----------
+    def report_for(self, claim_index: int, request: DeviceRequestSpec) -> RequestReport:
+        key = f"{claim_index}:{request.name}"
+        report = self.reports.get(key)
+        if report is not None:
+            return report
+        report = RequestReport(request.name)
+        device_class = self.classes.get(request.class_name)
+        if device_class is None:
+            report.abort = f"DeviceClass {request.class_name!r} not found"
+            self.reports[key] = report
+            return report
+        selectors = self.selector_sets.get((claim_index, request.name))
+        if selectors is None:
+            selectors = SelectorSet(request.class_name, device_class.selectors, request.selectors)
+            self.selector_sets[(claim_index, request.name)] = selectors
+        existing = self.existing
+        check_existing = bool(existing.exclusive or existing.shared) and not request.admin_access
+        check_capacity = bool(request.capacity_requests)
+        rejected = report.rejected
+        eligible = report.eligible
+        verdict_of = selectors.verdict
+        for pool in self.pools:
+            pool_problem = None
+            if pool.incomplete:
+                pool_problem = f"pool {pool.name} is incomplete ({len(pool.slices)} of {pool.slice_count} slices)"
+            elif pool.invalid_reason:
+                pool_problem = f"pool {pool.name} is invalid: {pool.invalid_reason}"
+            for candidate in pool.candidates:
+                verdict = verdict_of(candidate)
+                if verdict is not None:
+                    kind, reason = verdict
+                    rejected.append(Rejection(candidate.label, reason, kind))
+                    if kind == "cel-error" and report.abort is None:
+                        report.abort = f"{reason} on device {candidate.label}"
+                    continue
+                if pool_problem is not None:
+                    rejected.append(Rejection(candidate.label, pool_problem, "pool"))
+                    continue
+                data = candidate.data
+                if "taints" in data:
+                    problem = untolerated_taint(candidate, request.tolerations)
+                    if problem is not None:
+                        rejected.append(Rejection(candidate.label, problem, "taint"))
+                        continue
+                if check_existing:
+                    holder = existing.holders.get(candidate.id)
+                    if candidate.id in existing.exclusive or (
+                        candidate.id in existing.shared and not candidate.allow_multiple
+                    ):
+                        rejected.append(Rejection(candidate.label, f"already allocated to claim {holder}", "allocated"))
+                        continue
+                if check_capacity or data.get("allowMultipleAllocations"):
+                    _, problem = capacity_share(candidate, request)
+                    if problem is not None:
+                        rejected.append(Rejection(candidate.label, problem, "capacity"))
+                        continue
+                eligible.append(candidate)
+        self.reports[key] = report
+        return report
+
+    # --------------------------------------------------------------------------------------------------
+    # ----------
+    def run(self) -> NodeResult:
+        self._init_counters()  # only nodes that are searched need the counter bookkeeping
+        slots = [(ci, request) for ci, claim in enumerate(self.claims) for request in claim.requests]
+        reason: str | None = None
+        try:
+            success = self._solve(slots, 0)
+        except _SearchAbortedError as aborted:
+            success, reason = False, str(aborted)
+        if not success and reason is None:
+            reason = self._explain_failure(slots)
+        results: list[list[AllocatedDevice]] = [[] for _ in self.claims]
+        if success:
+            for claim_index, request, candidate, consumed in self.picked:
+                results[claim_index].append(
+                    AllocatedDevice(
+                        request=request.name,
+                        driver=candidate.driver,
+                        pool=candidate.pool,
+                        device=candidate.name,
+                        admin_access=request.admin_access,
+                        share_id=str(uuid.uuid4())
+                        if candidate.allow_multiple and not request.admin_access
+                        else None,
+                        consumed_capacity=consumed if candidate.allow_multiple else None,
+                        tolerations=list(request.raw_tolerations),
+                    )
+                )
+        return NodeResult(self.node, success, reason, results, self.reports, self.late)
+
+    def _explain_failure(self, slots: Sequence[tuple[int, Any]]) -> str:
+        for claim_index, request in slots:
+            for alternative in request.alternatives:
+                report = self.report_for(claim_index, alternative)
+                if report.abort:
+                    return report.abort
+            alternative = request.alternatives[-1]
+            report = self.report_for(claim_index, alternative)
+            needed = "all" if alternative.all_devices else str(alternative.count)
+            late = self.late.get(f"{claim_index}:{alternative.name}", {})
+            if alternative.all_devices:
+                if not report.eligible:
+                    return f"request {alternative.name}: no matching device for allocationMode All"
+                if any(r.kind in ("allocated", "pool") for r in report.rejected):
+                    return (
+                        f"request {alternative.name}: allocationMode All but some matching devices "
+                        "are unavailable"
+                    )
+            if len(report.eligible) < (1 if alternative.all_devices else alternative.count):
+                return (
+                    f"request {alternative.name}: needs {needed} device(s), "
+                    f"{len(report.eligible)} eligible on this node"
+                )
+            if late:
+                sample = next(iter(late.values()))
+                return (
+                    f"request {alternative.name}: {len(report.eligible)} eligible device(s) "
+                    "but no combination "
+                    f"fits (e.g. {sample.device}: {sample.reason})"
+                )
+        return "no combination of devices satisfies all requests and constraints"
+
+    # --------------------------------------------------------------------------------------------------
+    # ----------
+    def _solve(self, slots: Sequence[tuple[int, Any]], index: int) -> bool:
+        if index == len(slots):
+            return True
+        claim_index, request = slots[index]
+        for alternative in request.alternatives:
+            report = self.report_for(claim_index, alternative)
+            if report.abort:
+                raise _SearchAbortedError(report.abort)
+            if alternative.all_devices:
+                if self._pick_all(slots, index, claim_index, alternative, report):
+                    return True
+            elif self._pick(slots, index, claim_index, alternative, report.eligible, 0, 0):
+                return True
+        return False
+
+    def _pick_all(
+        self,
+        slots: Sequence[tuple[int, Any]],
+        index: int,
+        claim_index: int,
+        request: DeviceRequestSpec,
+        report: RequestReport,
+    ) -> bool:
+        if not report.eligible:
+            return False
+        for rejection in report.rejected:
+            if rejection.kind in ("allocated", "pool"):
+                return False  # All needs every matching device, complete pools, nothing in use
+        added = 0
+        for candidate in report.eligible:
+            if not self._add(claim_index, request, candidate):
+                for _ in range(added):
+                    self._remove()
+                return False
+            added += 1
+        if self._solve(slots, index + 1):
+            return True
+        for _ in range(added):
+            self._remove()
+        return False
+
+    def _pick(
+        self,
+        slots: Sequence[tuple[int, Any]],
+        index: int,
+        claim_index: int,
+        request: DeviceRequestSpec,
+        eligible: list[Candidate],
+        have: int,
+        start: int,
+    ) -> bool:
+        if have == request.count:
+            return self._solve(slots, index + 1)
+        for position in range(start, len(eligible) - (request.count - have) + 1):
+            candidate = eligible[position]
+            if not self._add(claim_index, request, candidate):
+                continue
+            if self._pick(slots, index, claim_index, request, eligible, have + 1, position + 1):
+                return True
+            self._remove()
+        return False
+
+    # --------------------------------------------------------------------------------------------------
+    # ----------
+    def _reject_late(
+        self, claim_index: int, request: DeviceRequestSpec, candidate: Candidate, reason: str, kind: str
+    ) -> bool:
+        bucket = self.late.setdefault(f"{claim_index}:{request.name}", {})
+        bucket.setdefault(candidate.label, Rejection(candidate.label, reason, kind))
+        return False
+
+    def _add(self, claim_index: int, request: DeviceRequestSpec, candidate: Candidate) -> bool:
+        self.steps += 1
+        if self.steps > self.step_limit:
+            raise _SearchAbortedError(f"allocation search gave up after {self.step_limit} steps")
+        device_id = candidate.id
+        earlier = self.picked_ids.get(device_id, [])
+        if earlier and not (candidate.allow_multiple or request.admin_access):
+            return self._reject_late(
+                claim_index,
+                request,
+                candidate,
+                f"already picked for request {earlier[0]} in this allocation",
+                "allocated",
+            )
+        if earlier and request.name in earlier:
+            return False
+        consumed: dict[str, Decimal] | None = None
+        if not request.admin_access:
+            if candidate.allow_multiple:
+                consumed, problem = capacity_share(candidate, request)
+                if problem is not None:
+                    return self._reject_late(claim_index, request, candidate, problem, "capacity")
+                assert consumed is not None
+                problem = self._capacity_left(candidate, consumed)
+                if problem is not None:
+                    return self._reject_late(claim_index, request, candidate, problem, "capacity")
+            in_use = bool(earlier) or device_id in self.existing.shared
+            if not (candidate.allow_multiple and in_use):
+                problem = self._counters_left(candidate)
+                if problem is not None:
+                    return self._reject_late(claim_index, request, candidate, problem, "counter")
+        problem = self._constraints_accept(claim_index, request, candidate)
+        if problem is not None:
+            return self._reject_late(claim_index, request, candidate, problem, "constraint")
+        # Commit.
+        charged = False
+        if not request.admin_access:
+            in_use = bool(earlier) or device_id in self.existing.shared
+            if not (candidate.allow_multiple and in_use):
+                self._charge_counters(candidate, Decimal(-1))
+                charged = True
+        self._push_constraints(claim_index, request, candidate)
+        self.picked.append((claim_index, request, candidate, consumed))
+        self.picked_ids.setdefault(device_id, []).append(request.name)
+        self._charged.append(charged)
+        return True
+
+    def _remove(self) -> None:
+        claim_index, request, candidate, _ = self.picked.pop()
+        charged = self._charged.pop()
+        if charged:
+            self._charge_counters(candidate, Decimal(1))
+        self._pop_constraints(claim_index, request)
+        names = self.picked_ids[candidate.id]
+        names.pop()
+        if not names:
+            del self.picked_ids[candidate.id]
+
+    # --------------------------------------------------------------------------------------------------
+    # ----------
+    def _capacity_left(self, candidate: Candidate, consumed: Mapping[str, Decimal]) -> str | None:
+        capacity = candidate.capacity()
+        shares = list(self.existing.shared.get(candidate.id, []))
+        shares += [c for _, _, picked, c in self.picked if picked.id == candidate.id and c is not None]
+        for name, amount in consumed.items():
+            used = sum((share.get(name, Decimal(0)) for share in shares), Decimal(0))
+            if used + amount > capacity.get(name, Decimal(0)):
+                return f"capacity {name}: {used} of {capacity.get(name)} in use, {amount} more does not fit"
+        return None
+
+    def _counters_left(self, candidate: Candidate) -> str | None:
+        for set_name, counters in candidate.consumes():
+            available = self.counters.get((candidate.driver, candidate.pool, set_name))
+            if available is None:
+                return f"counter set {set_name} does not exist"
+            for counter, amount in counters.items():
+                if available.get(counter, Decimal(0)) < amount:
+                    return (
+                        f"counter {set_name}/{counter} exhausted: needs {amount}, "
+                        f"{available.get(counter, Decimal(0))} left"
+                    )
+        return None
+
+    def _charge_counters(self, candidate: Candidate, sign: Decimal) -> None:
+        for set_name, counters in candidate.consumes():
+            available = self.counters[(candidate.driver, candidate.pool, set_name)]
+            for counter, amount in counters.items():
+                available[counter] = available.get(counter, Decimal(0)) + sign * amount
+
+    # --------------------------------------------------------------------------------------------------
+    # ----------
+    def _constraints_for(self, claim_index: int, request: DeviceRequestSpec) -> list[tuple[int, Constraint]]:
+        base = request.name.split("/")[0]
+        out = []
+        for position, constraint in enumerate(self.claims[claim_index].constraints):
+            if not constraint.requests or base in constraint.requests or request.name in constraint.requests:
+                out.append((position, constraint))
+        return out
+
+    def _constraints_accept(
+        self, claim_index: int, request: DeviceRequestSpec, candidate: Candidate
+    ) -> str | None:
+        for position, constraint in self._constraints_for(claim_index, request):
+            attribute = constraint.match_attribute or constraint.distinct_attribute or ""
+            value = attribute_key(candidate, attribute)
+            if value is None:
+                return f"constraint on {attribute}: device does not have the attribute"
+            values = self.constraint_values.get((claim_index, position), [])
+            if constraint.match_attribute and values and values[0] != value:
+                return f"matchAttribute {attribute}: {_show(value)} differs from {_show(values[0])}"
+            if constraint.distinct_attribute and value in values:
+                return f"distinctAttribute {attribute}: {_show(value)} is already used"
+        return None
+
+    def _push_constraints(self, claim_index: int, request: DeviceRequestSpec, candidate: Candidate) -> None:
+        for position, constraint in self._constraints_for(claim_index, request):
+            attribute = constraint.match_attribute or constraint.distinct_attribute or ""
+            self.constraint_values.setdefault((claim_index, position), []).append(
+                attribute_key(candidate, attribute)
+            )
+
+    def _pop_constraints(self, claim_index: int, request: DeviceRequestSpec) -> None:
+        for position, _ in self._constraints_for(claim_index, request):
+            self.constraint_values[(claim_index, position)].pop()
+
+
+def attribute_key(candidate: Candidate, qualified: str) -> Any:
+    """The comparable value of a fully qualified attribute (typed; versions compare semantically), or None."""
+    attributes = candidate.data.get("attributes") or {}
+    raw = attributes.get(qualified)
+    if raw is None:
+        domain, _, ident = qualified.partition("/")
+        if domain == candidate.driver:
+            raw = attributes.get(ident)
+    if not isinstance(raw, Mapping):
+        return None
+    for kind in ("string", "int", "bool"):
+        if kind in raw:
+            return (kind, raw[kind])
+    if "version" in raw:
+        try:
+            return ("version", Semver.parse(str(raw["version"])))
+        except SemverError:
+            return None
+    return None
+
+
+def _show(value: Any) -> str:
+    return str(value[1]) if isinstance(value, tuple) and len(value) == 2 else str(value)

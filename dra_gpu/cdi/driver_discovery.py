@@ -1,0 +1,155 @@
+"""Find what a GPU container needs from the driver installation (files under the driver root).
+
+Two sources, in this order:
+1. `nvidia-ctk cdi generate` when the NVIDIA Container Toolkit is on PATH: its common `containerEdits`
+   (libraries, hooks, control nodes) are taken as they are; our own per-GPU device nodes replace its
+   per-device entries.
+2. Otherwise our own discovery: control nodes, the driver's user-space libraries and tools that exist under
+   the driver root, as read-only bind mounts at the path they would have on a host with the driver at `/`.
+
+Also reads the MIG capability minors from `<driver root>/proc/driver/nvidia/capabilities/...`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import structlog
+
+from dra_gpu.cdi.spec_builder import READ_ONLY_BIND, CdiHook, DriverEdits, device_node
+from dra_gpu.sharing.interface import CdiDeviceNode, CdiMount
+
+log = structlog.get_logger(__name__)
+
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64")
+# User-space driver libraries a CUDA / NVML / video workload loads (the soname the loader asks for).
+DRIVER_LIBRARIES = (
+    "libnvidia-ml.so.1",
+    "libcuda.so.1",
+    "libcudadebugger.so.1",
+    "libnvidia-ptxjitcompiler.so.1",
+    "libnvidia-nvvm.so.4",
+    "libnvidia-gpucomp.so",
+    "libnvidia-allocator.so.1",
+    "libnvidia-cfg.so.1",
+    "libnvidia-opencl.so.1",
+    "libnvidia-encode.so.1",
+    "libnvcuvid.so.1",
+    "libnvidia-opticalflow.so.1",
+)
+BINARY_DIRS = ("/usr/bin", "/usr/sbin", "/bin")
+DRIVER_BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+)
+NVIDIA_CTK_TIMEOUT_S = 60.0
+
+
+class MigCapabilityError(Exception):
+    """The capability file of a MIG instance is missing or unreadable (message names it)."""
+
+
+def _exists(driver_root: Path, path: str) -> bool:
+    return (driver_root / path.lstrip("/")).exists()
+
+
+def discover_from_driver_root(driver_root: str) -> DriverEdits:
+    root = Path(driver_root)
+    nodes = tuple(device_node(driver_root, p) for p in CONTROL_NODES if _exists(root, p))
+    mounts: list[CdiMount] = []
+    for names, dirs in ((DRIVER_LIBRARIES, LIBRARY_DIRS), (DRIVER_BINARIES, BINARY_DIRS)):
+        for name in names:
+            for directory in dirs:
+                path = f"{directory}/{name}"
+                if _exists(root, path):
+                    host = str(root / path.lstrip("/"))
+                    mounts.append(CdiMount(host_path=host, container_path=path, options=READ_ONLY_BIND))
+                    break
+    missing = [p for p in ("/dev/nvidiactl", "/usr/bin/nvidia-smi") if not _exists(root, p)]
+    if missing:
+        log.warning("driver root lacks expected files", driver_root=driver_root, missing=missing)
+    return DriverEdits(device_nodes=nodes, mounts=tuple(mounts), source="driver-root")
+
+
+def _edits_from_ctk_spec(spec: dict[str, object], driver_root: str) -> DriverEdits:
+    edits = spec.get("containerEdits")
+    if not isinstance(edits, dict):
+        raise ValueError("nvidia-ctk spec has no containerEdits")
+    nodes = tuple(
+        CdiDeviceNode(path=str(n["path"]), host_path=n.get("hostPath"))
+        for n in edits.get("deviceNodes") or ()
+    )
+    mounts = tuple(
+        CdiMount(
+            host_path=str(m["hostPath"]),
+            container_path=str(m["containerPath"]),
+            options=tuple(m.get("options") or READ_ONLY_BIND),
+        )
+        for m in edits.get("mounts") or ()
+    )
+    hooks = tuple(
+        CdiHook(
+            hook_name=str(h["hookName"]),
+            path=str(h["path"]),
+            args=tuple(h.get("args") or ()),
+            env=tuple(h.get("env") or ()),
+        )
+        for h in edits.get("hooks") or ()
+    )
+    env = tuple(e for e in edits.get("env") or () if not str(e).startswith("NVIDIA_VISIBLE_DEVICES="))
+    return DriverEdits(device_nodes=nodes, mounts=mounts, hooks=hooks, env=env, source="nvidia-ctk")
+
+
+def discover_with_nvidia_ctk(nvidia_ctk: str, driver_root: str) -> DriverEdits:
+    with tempfile.TemporaryDirectory(prefix="dra-gpu-ctk-") as tmp:
+        out = Path(tmp) / "nvidia.json"
+        subprocess.run(
+            [nvidia_ctk, "cdi", "generate", f"--driver-root={driver_root}", "--format=json",
+             f"--output={out}"],
+            check=True,
+            capture_output=True,
+            timeout=NVIDIA_CTK_TIMEOUT_S,
+        )
+        return _edits_from_ctk_spec(json.loads(out.read_text()), driver_root)
+
+
+def discover_driver_edits(
+    driver_root: str, nvidia_ctk: str | None = None, use_ctk: bool = True
+) -> DriverEdits:
+    """Common edits for every claim's spec; computed once at start-up."""
+    ctk = nvidia_ctk or (shutil.which("nvidia-ctk") if use_ctk else None)
+    if ctk:
+        try:
+            return discover_with_nvidia_ctk(ctk, driver_root)
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as exc:
+            log.warning("nvidia-ctk cdi generate failed; using own driver discovery", error=str(exc))
+    return discover_from_driver_root(driver_root)
+
+
+def _capability_minor(path: Path) -> int:
+    """The file reads `DeviceFileMinor: <N>` (plus mode lines); a bare number is accepted too."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise MigCapabilityError(f"cannot read MIG capability file {path}: {exc.strerror}") from exc
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "DeviceFileMinor" and value.strip().isdigit():
+            return int(value.strip())
+    if text.strip().isdigit():
+        return int(text.strip())
+    raise MigCapabilityError(f"MIG capability file {path} has no DeviceFileMinor line")
+
+
+def mig_capability_minors(driver_root: str, parent_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
+    """Minors N of `/dev/nvidia-caps/nvidia-cap<N>` for the GPU instance and the compute instance."""
+    base = Path(driver_root) / "proc/driver/nvidia/capabilities" / f"gpu{parent_minor}" / "mig" / f"gi{gi_id}"
+    return _capability_minor(base / "access"), _capability_minor(base / f"ci{ci_id}" / "access")

@@ -1,0 +1,54 @@
+"""Write and remove the per-claim CDI spec files in the CDI root (`/var/run/cdi`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dra_gpu.cdi.spec_builder import claim_uid_from_file_name, spec_file_name
+from dra_gpu.cdi.spec_validation import validate_spec
+from dra_gpu.checkpoint.atomic_file import atomic_write
+
+
+class CdiWriteError(Exception):
+    """The spec could not be written; the message names the file and the cause."""
+
+
+class CdiSpecWriter:
+    def __init__(self, cdi_root: Path | str) -> None:
+        self.cdi_root = Path(cdi_root)
+
+    def path_for(self, claim_uid: str) -> Path:
+        return self.cdi_root / spec_file_name(claim_uid)
+
+    def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
+        """Validate and atomically write the claim's spec (readable by the container runtime)."""
+        validate_spec(spec)
+        path = self.path_for(claim_uid)
+        try:
+            self.cdi_root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        except OSError as exc:
+            raise CdiWriteError(f"creating CDI directory {self.cdi_root}: {exc.strerror or exc}") from exc
+        atomic_write(path, (json.dumps(spec, indent=1) + "\n").encode(), error=CdiWriteError, mode=0o644)
+        return path
+
+    def remove(self, claim_uid: str) -> bool:
+        """Remove the claim's spec (either extension); True when a file was removed. Missing is fine."""
+        removed = False
+        for extension in ("json", "yaml"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.cdi_root / spec_file_name(claim_uid, extension))
+                removed = True
+        return removed
+
+    def claim_uids(self) -> set[str]:
+        """Claims that have a spec file here (to find leftovers at start-up)."""
+        try:
+            names = os.listdir(self.cdi_root)
+        except FileNotFoundError:
+            return set()
+        return {uid for name in names if (uid := claim_uid_from_file_name(name)) is not None}

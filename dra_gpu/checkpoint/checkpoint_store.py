@@ -1,0 +1,308 @@
+"""Crash-safe record of which claims this node has prepared, and how.
+
+One JSON file (`checkpoint.json` in the plugin directory) holds, per claim UID, a two-phase state:
+`PrepareStarted` (written before anything is changed on the node: the devices are reserved) and
+`PrepareCompleted` (everything done, the response is stored so a repeated Prepare returns it unchanged). Each
+sharing group's `state` is recorded as soon as the group is prepared, so an interrupted Prepare can be undone
+after a restart.
+
+Guarantees:
+- Atomic replacement: temp file in the same directory, fsync, rename, fsync of the directory. A failed write
+  (disk full, read-only) raises `CheckpointWriteError` and leaves the previous file as it was.
+- One writer per node: `locked()` takes an in-process lock and an `fcntl` lock on `checkpoint.lock`, so two
+  plugin instances (rolling update) never interleave their read-modify-write cycles.
+- Forward compatibility: fields this version does not know are kept (top level, per claim, per device, per
+  group) and written back unchanged.
+- Reboots: the boot id is recorded; a checkpoint from another boot reads as empty, and its claims are offered
+  in `previous_boot_claims` so the caller can still clean up what survives a reboot (MIG instances).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import enum
+import fcntl
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dra_gpu.checkpoint.atomic_file import atomic_write
+
+API_VERSION = "checkpoint.gpu.nvidia.com/v1"
+KIND = "DraGpuCheckpoint"
+CHECKPOINT_FILE = "checkpoint.json"
+LOCK_FILE = "checkpoint.lock"
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+DEFAULT_LOCK_TIMEOUT_S = 10.0  # another plugin instance (NVIDIA's pu.lock waits as long)
+# Calls of this process queue behind each other; the kubelet gives each call 45 s.
+DEFAULT_QUEUE_TIMEOUT_S = 40.0
+
+JsonDict = dict[str, Any]
+
+
+class CheckpointError(Exception):
+    """Base class: the message names the checkpoint file and the cause."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """Writing failed; the previous checkpoint is intact."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """The file cannot be understood; refusing to guess which devices are in use."""
+
+
+class CheckpointLockError(CheckpointError):
+    """The node-wide lock could not be taken in time (another plugin instance holds it)."""
+
+
+class ClaimPhase(enum.Enum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One allocation result of our driver that this claim holds on the node."""
+
+    request: str  # as in the allocation result: "req" or "req/sub"
+    pool: str
+    device: str
+    admin_access: bool = False
+    share_id: str | None = None
+    cdi_device_ids: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> JsonDict:
+        out: JsonDict = dict(self.extra)
+        out.update(request=self.request, pool=self.pool, device=self.device)
+        out["cdiDeviceIDs"] = list(self.cdi_device_ids)
+        if self.admin_access:
+            out["adminAccess"] = True
+        if self.share_id is not None:
+            out["shareID"] = self.share_id
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> PreparedDevice:
+        known = {"request", "pool", "device", "adminAccess", "shareID", "cdiDeviceIDs"}
+        return cls(
+            request=str(raw["request"]),
+            pool=str(raw["pool"]),
+            device=str(raw["device"]),
+            admin_access=bool(raw.get("adminAccess", False)),
+            share_id=None if raw.get("shareID") is None else str(raw["shareID"]),
+            cdi_device_ids=tuple(str(i) for i in raw.get("cdiDeviceIDs", ())),
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True)
+class PreparedGroup:
+    """A sharing group that has been prepared: its devices and the SharingManager's state for the undo."""
+
+    devices: tuple[str, ...]
+    state: Mapping[str, Any]
+    # device name -> MIG instance created for it ({"parentUUID", "giID", "ciID", ...}); owned by the claim
+    mig_instances: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> JsonDict:
+        out: JsonDict = dict(self.extra)
+        out.update(devices=list(self.devices), state=copy.deepcopy(dict(self.state)))
+        if self.mig_instances:
+            out["migInstances"] = copy.deepcopy({k: dict(v) for k, v in self.mig_instances.items()})
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> PreparedGroup:
+        return cls(
+            devices=tuple(str(d) for d in raw.get("devices", ())),
+            state=dict(raw.get("state") or {}),
+            mig_instances={str(k): dict(v) for k, v in (raw.get("migInstances") or {}).items()},
+            extra={k: v for k, v in raw.items() if k not in {"devices", "state", "migInstances"}},
+        )
+
+
+@dataclass(frozen=True)
+class ClaimEntry:
+    uid: str
+    namespace: str
+    name: str
+    phase: ClaimPhase
+    devices: tuple[PreparedDevice, ...]
+    groups: tuple[PreparedGroup, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def to_json(self) -> JsonDict:
+        out: JsonDict = dict(self.extra)
+        out.update(
+            namespace=self.namespace,
+            name=self.name,
+            checkpointState=self.phase.value,
+            devices=[d.to_json() for d in self.devices],
+            groups=[g.to_json() for g in self.groups],
+        )
+        return out
+
+    @classmethod
+    def from_json(cls, uid: str, raw: Mapping[str, Any]) -> ClaimEntry:
+        known = {"namespace", "name", "checkpointState", "devices", "groups"}
+        return cls(
+            uid=uid,
+            namespace=str(raw["namespace"]),
+            name=str(raw["name"]),
+            phase=ClaimPhase(raw["checkpointState"]),
+            devices=tuple(PreparedDevice.from_json(d) for d in raw.get("devices", ())),
+            groups=tuple(PreparedGroup.from_json(g) for g in raw.get("groups", ())),
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+
+@dataclass
+class Checkpoint:
+    boot_id: str
+    claims: dict[str, ClaimEntry] = field(default_factory=dict)
+    # Claims recorded before the last reboot: not prepared any more, only of interest for cleanup.
+    previous_boot_claims: dict[str, ClaimEntry] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> JsonDict:
+        out: JsonDict = dict(self.extra)
+        out.update(
+            apiVersion=API_VERSION,
+            kind=KIND,
+            bootID=self.boot_id,
+            claims={uid: entry.to_json() for uid, entry in sorted(self.claims.items())},
+        )
+        return out
+
+
+def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""  # no boot id (unusual kernels): reboot detection is then off
+
+
+def parse_checkpoint(raw: Mapping[str, Any], current_boot_id: str, source: str) -> Checkpoint:
+    """Pure: turn the file's JSON into a `Checkpoint`, discarding claims from another boot."""
+    api_version = raw.get("apiVersion")
+    if api_version != API_VERSION:
+        raise CheckpointCorruptError(
+            f"{source}: apiVersion {api_version!r} is not {API_VERSION!r}; this plugin version cannot read "
+            "it (downgrade across checkpoint formats is not supported: unprepare all claims or remove "
+            "the file)"
+        )
+    try:
+        raw_claims = dict(raw.get("claims", {}))
+        claims = {str(uid): ClaimEntry.from_json(str(uid), e) for uid, e in raw_claims.items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointCorruptError(f"{source}: malformed claim entry ({exc!r})") from exc
+    extra = {k: v for k, v in raw.items() if k not in {"apiVersion", "kind", "bootID", "claims"}}
+    recorded_boot = str(raw.get("bootID", ""))
+    if recorded_boot and current_boot_id and recorded_boot != current_boot_id:
+        return Checkpoint(boot_id=current_boot_id, previous_boot_claims=claims, extra=extra)
+    return Checkpoint(boot_id=current_boot_id, claims=claims, extra=extra)
+
+
+class CheckpointStore:
+    """The checkpoint file of one plugin directory. Call `read`/`write` only inside `locked()`."""
+
+    def __init__(
+        self,
+        directory: Path | str,
+        *,
+        boot_id: str | None = None,
+        lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+        queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
+    ) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / CHECKPOINT_FILE
+        self.lock_path = self.directory / LOCK_FILE
+        self.boot_id = read_boot_id() if boot_id is None else boot_id
+        self._lock_timeout_s = lock_timeout_s
+        self._queue_timeout_s = queue_timeout_s
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._lock_fd: int | None = None
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Node-wide exclusive section; re-entrant within one thread."""
+        if not self._thread_lock.acquire(timeout=self._queue_timeout_s):
+            raise CheckpointLockError(
+                f"{self.lock_path}: waited {self._queue_timeout_s}s behind other calls of this plugin"
+            )
+        try:
+            if self._depth == 0:
+                self._lock_fd = self._take_file_lock()
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._lock_fd is not None:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                    os.close(self._lock_fd)
+                    self._lock_fd = None
+        finally:
+            self._thread_lock.release()
+
+    def _take_file_lock(self) -> int:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            try:  # a read-only file system still allows locking an existing file (reads keep working)
+                fd = os.open(self.lock_path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                raise CheckpointLockError(f"{self.lock_path}: cannot open ({exc.strerror})") from exc
+        deadline = time.monotonic() + self._lock_timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise CheckpointLockError(
+                        f"{self.lock_path}: held by another plugin instance for more than "
+                        f"{self._lock_timeout_s}s"
+                    ) from None
+                time.sleep(0.002)
+
+    def read(self) -> Checkpoint:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return Checkpoint(boot_id=self.boot_id)
+        except OSError as exc:
+            raise CheckpointCorruptError(f"{self.path}: cannot read ({exc.strerror})") from exc
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CheckpointCorruptError(
+                f"{self.path}: not valid JSON ({exc}); move the file away only after checking that no claim "
+                "is still prepared on this node"
+            ) from exc
+        if not isinstance(raw, dict):
+            raise CheckpointCorruptError(
+                f"{self.path}: top level is {type(raw).__name__}, expected an object"
+            )
+        return parse_checkpoint(raw, self.boot_id, str(self.path))
+
+    def write(self, checkpoint: Checkpoint) -> None:
+        data = (json.dumps(checkpoint.to_json(), indent=1, sort_keys=True) + "\n").encode()
+        atomic_write(self.path, data, error=CheckpointWriteError)
+

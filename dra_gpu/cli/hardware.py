@@ -1,0 +1,213 @@
+"""`dra-gpu hardware list|init-sim|state|reset|fault`: the hardware profiles and the simulator's driver root.
+
+Also the shared `--hardware` / `--nvidia-driver-root` options of the commands that read GPUs (`inventory`,
+`slices`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import yaml
+
+from dra_gpu.hardware import profiles
+from dra_gpu.hardware.interface import HardwareError
+from dra_gpu.hardware.loader import REAL, open_hardware
+from dra_gpu.hardware.nvml_hardware import NvmlHardware
+from dra_gpu.hardware.sim_driver_root import init_sim_driver_root, open_simulated_nvml, state_path
+from dra_gpu.hardware.simulator.state import Fault, StateError, StateStore
+
+
+def add_hardware_args(parser: argparse.ArgumentParser, *, seed_help: str = "") -> None:
+    parser.add_argument(
+        "--hardware",
+        default=REAL,
+        help=f"'real' (NVML) or a simulated node/GPU: {', '.join(profiles.known_hardware_names())}",
+    )
+    parser.add_argument(
+        "--nvidia-driver-root",
+        "--driver-root",
+        dest="driver_root",
+        default=None,
+        help="driver root (default '/' for real hardware; a throw-away simulated root otherwise)",
+    )
+    parser.add_argument("--seed", default=None, help=seed_help or "simulator seed for GPU UUIDs")
+
+
+@contextlib.contextmanager
+def hardware_from_args(args: argparse.Namespace, default_seed: str | None = None) -> Iterator[NvmlHardware]:
+    """Open the hardware the options name; a simulated node without a driver root lives in a temporary one."""
+    temp_root = None
+    root = args.driver_root
+    if root is None:
+        if args.hardware == REAL:
+            root = "/"
+        else:
+            temp_root = root = tempfile.mkdtemp(prefix="dra-gpu-sim-", dir="/tmp")
+    try:
+        seed = args.seed
+        if seed is None and args.hardware != REAL and not state_path(root).exists():
+            seed = default_seed  # an existing simulated root keeps the identity it was made with
+        hardware = open_hardware(args.hardware, root, seed=seed)
+        try:
+            yield hardware
+        finally:
+            hardware.close()
+    finally:
+        if temp_root:
+            shutil.rmtree(temp_root, ignore_errors=True)
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "hardware",
+        help="hardware profiles and the NVML simulator",
+        description="List the built-in hardware profiles, build a simulated driver root, "
+        "show or change its state.",
+    )
+    sub = parser.add_subparsers(dest="hardware_command", metavar="ACTION")
+
+    p = sub.add_parser("list", help="list the built-in node layouts and GPU profiles")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    p.set_defaults(func=_list)
+
+    p = sub.add_parser("init-sim", help="create a simulated driver root (idempotent)")
+    p.add_argument("--hardware", required=True, help=", ".join(profiles.known_hardware_names()))
+    p.add_argument("--driver-root", "--nvidia-driver-root", dest="driver_root", required=True)
+    p.add_argument(
+        "--seed", default=None, help="seed for GPU UUIDs, e.g. the node name (default: the hardware name)"
+    )
+    p.add_argument("--force", action="store_true", help="start over from power-on state")
+    p.set_defaults(func=_init_sim)
+
+    p = sub.add_parser("state", help="print the simulator state of a driver root")
+    p.add_argument("--driver-root", "--nvidia-driver-root", dest="driver_root", required=True)
+    p.add_argument("-o", "--output", choices=("json", "yaml"), default="json")
+    p.set_defaults(func=_state)
+
+    p = sub.add_parser("reset", help="simulate a GPU reset (applies a pending MIG mode, drops MIG devices)")
+    p.add_argument("--driver-root", "--nvidia-driver-root", dest="driver_root", required=True)
+    p.add_argument("-i", "--index", type=int, action="append", help="GPU index (repeatable; default all)")
+    p.set_defaults(func=_reset)
+
+    p = sub.add_parser("fault", help="make an NVML function fail for one GPU (or clear faults)")
+    p.add_argument("--driver-root", "--nvidia-driver-root", dest="driver_root", required=True)
+    p.add_argument("-i", "--index", type=int, help="GPU index")
+    p.add_argument("--function", default="*", help="NVML function name, '*' for all (default)")
+    p.add_argument("--error", type=int, default=15, help="NVML error code (default 15, GPU_IS_LOST)")
+    p.add_argument("--clear", action="store_true", help="remove every injected fault")
+    p.set_defaults(func=_fault)
+
+    def usage(_args: argparse.Namespace) -> int:
+        parser.print_help()
+        return 2
+
+    parser.set_defaults(func=usage)
+
+
+def _list(args: argparse.Namespace) -> int:
+    layouts = []
+    for name in profiles.known_hardware_names():
+        layout = profiles.resolve_layout(name)
+        layouts.append(
+            {
+                "name": name,
+                "kind": "node" if name in profiles.NODE_LAYOUTS else "gpu",
+                "description": layout.description,
+                "gpus": [s.profile.product_name for s in layout.slots],
+                "mig": sorted({p.name for s in layout.slots for p in s.profile.mig_profiles}),
+            }
+        )
+    if args.output == "json":
+        print(json.dumps(layouts, indent=2))
+        return 0
+    print(f"{'NAME':<14} {'KIND':<5} {'GPUS':>4}  DESCRIPTION")
+    for item in layouts:
+        print(f"{item['name']:<14} {item['kind']:<5} {len(item['gpus']):>4}  {item['description']}")
+    print(f"\nand '{REAL}' for the GPUs of this machine (NVML)")
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"dra-gpu hardware: {message}", file=sys.stderr)
+    return 1
+
+
+def _init_sim(args: argparse.Namespace) -> int:
+    try:
+        state = init_sim_driver_root(args.driver_root, args.hardware, args.seed, force=args.force)
+    except (profiles.UnknownHardwareError, StateError, OSError) as err:
+        return _fail(str(err))
+    print(
+        f"simulated driver root {args.driver_root}: {state.hardware}, {len(state.gpus)} GPU(s), "
+        f"seed {state.seed}"
+    )
+    return 0
+
+
+def _state(args: argparse.Namespace) -> int:
+    store = StateStore(state_path(args.driver_root))
+    try:
+        state = store.read()
+    except StateError as err:
+        return _fail(str(err))
+    data = state.to_json()
+    # static facts next to the mutable state, so tests can map indexes to minors and UUIDs
+    data["devices"] = [
+        {
+            "index": g.index,
+            "minor": g.minor,
+            "uuid": g.uuid,
+            "product_name": g.profile.product_name,
+            "pci_bus_id": g.pci_bus_id,
+        }
+        for g in profiles.simulated_gpus(state.layout(), state.seed)
+    ]
+    print(json.dumps(data, indent=2, sort_keys=True) if args.output == "json" else yaml.safe_dump(data))
+    return 0
+
+
+def _reset(args: argparse.Namespace) -> int:
+    nvml = open_simulated_nvml(args.driver_root)
+    try:
+        nvml.nvmlInit()
+        indexes = args.index if args.index else range(nvml.nvmlDeviceGetCount())
+        for index in indexes:
+            nvml.reset_gpu(index)
+    except (StateError, HardwareError) as err:
+        return _fail(str(err))
+    return 0
+
+
+def _fault(args: argparse.Namespace) -> int:
+    store = StateStore(state_path(args.driver_root))
+    try:
+        with store.transaction() as state:
+            if args.clear:
+                state.faults = []
+            else:
+                if args.index is None or not 0 <= args.index < len(state.gpus):
+                    return _fail(f"--index must name a GPU (0..{len(state.gpus) - 1})")
+                state.faults.append(Fault(args.index, args.function, args.error))
+    except StateError as err:
+        return _fail(str(err))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run this sub-command on its own (`python -m dra_gpu.cli.hardware ...`), without the other sub-commands."""
+    parser = argparse.ArgumentParser(prog="dra-gpu")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["hardware", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""`dra-gpu kubelet-plugin`: the node process (composition root).
+
+Wires the hardware (real NVML or the simulator), the device model, ResourceSlice publishing, the prepare
+service (checkpoint, CDI, sharing) and the gRPC servers on the kubelet's sockets into one process, plus an
+HTTP endpoint for metrics and health. Flags mirror NVIDIA's `gpu-kubelet-plugin`; each can also be set by its
+env var.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import structlog
+
+from dra_gpu.inventory.model import DRIVER_NAME, DeviceModel
+
+log = structlog.get_logger("dra_gpu.kubelet_plugin")
+
+DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"
+DEFAULT_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def _env_int(name: str, default: int) -> int:
+    value = _env(name)
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        raise SystemExit(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def register(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "kubelet-plugin",
+        help="run the node plugin (slices, registration, DRA gRPC, prepare/unprepare, CDI)",
+        description="Publish this node's GPUs as ResourceSlices and serve the kubelet's DRA calls.",
+    )
+    p.add_argument("--node-name", default=_env("NODE_NAME"), help="this node's name [NODE_NAME] (required)")
+    p.add_argument(
+        "--namespace",
+        default=_env("NAMESPACE", "default"),
+        help="namespace of the driver's own objects [NAMESPACE] (default: default)",
+    )
+    p.add_argument(
+        "--cdi-root",
+        default=_env("CDI_ROOT", "/var/run/cdi"),
+        help="directory for the per-claim CDI specs [CDI_ROOT] (default: /var/run/cdi)",
+    )
+    p.add_argument(
+        "--nvidia-driver-root",
+        default=_env("NVIDIA_DRIVER_ROOT", _env("HOST_DRIVER_ROOT", "/")),
+        help="where the NVIDIA driver is installed [NVIDIA_DRIVER_ROOT] (default: /)",
+    )
+    p.add_argument(
+        "--kubelet-registrar-directory-path",
+        default=_env("KUBELET_REGISTRAR_DIRECTORY_PATH", DEFAULT_REGISTRAR_DIR),
+        help=f"plugin registry [KUBELET_REGISTRAR_DIRECTORY_PATH] ({DEFAULT_REGISTRAR_DIR})",
+    )
+    p.add_argument(
+        "--kubelet-plugins-directory-path",
+        default=_env("KUBELET_PLUGINS_DIRECTORY_PATH", DEFAULT_PLUGINS_DIR),
+        help=f"plugins directory [KUBELET_PLUGINS_DIRECTORY_PATH] ({DEFAULT_PLUGINS_DIR})",
+    )
+    p.add_argument(
+        "--hardware",
+        default=_env("HARDWARE", "real"),
+        help="`real` (NVML) or a simulated layout/profile, e.g. dgx-h100 [HARDWARE] (default: real)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=_env("KUBECONFIG"),
+        help="kubeconfig file; in-cluster config when unset [KUBECONFIG]",
+    )
+    p.add_argument(
+        "--healthcheck-port",
+        type=int,
+        default=_env_int("HEALTHCHECK_PORT", -1),
+        help="port for /healthz and /readyz; -1 disables [HEALTHCHECK_PORT] (default: -1)",
+    )
+    p.add_argument(
+        "--http-endpoint",
+        default=_env("HTTP_ENDPOINT", ""),
+        help="host:port for metrics, /healthz, /readyz, e.g. :8080 [HTTP_ENDPOINT] (default: off)",
+    )
+    p.add_argument(
+        "--metrics-path",
+        default=_env("METRICS_PATH", "/metrics"),
+        help="metrics path on --http-endpoint [METRICS_PATH] (default: /metrics)",
+    )
+    p.add_argument(
+        "--plugin-uid",
+        default=_env("PLUGIN_UID", _env("POD_UID")),
+        help="rolling-update mode: put this UID into the socket names [PLUGIN_UID / POD_UID]",
+    )
+    p.add_argument(
+        "--health-service",
+        default=_env("HEALTH_SERVICE", "true"),
+        choices=["true", "false"],
+        help="offer the v1alpha1.DRAResourceHealth stream [HEALTH_SERVICE] (default: true)",
+    )
+    p.add_argument(
+        "--publish-slices",
+        default=_env("PUBLISH_SLICES", "true"),
+        choices=["true", "false"],
+        help="publish ResourceSlices for this node [PUBLISH_SLICES] (default: true)",
+    )
+    p.add_argument(
+        "--stale-claim-check-interval",
+        type=float,
+        default=float(_env_int("STALE_CLAIM_CHECK_INTERVAL", 600)),
+        help="seconds between checks for interrupted prepares of deleted claims (default: 600)",
+    )
+    p.add_argument(
+        "--log-format",
+        default=_env("LOG_FORMAT", "auto"),
+        choices=["auto", "json", "console"],
+        help="log format; auto = JSON unless stdout is a terminal [LOG_FORMAT]",
+    )
+    p.set_defaults(func=run)
+
+
+def configure_logging(log_format: str) -> None:
+    json_logs = log_format == "json" or (log_format == "auto" and not sys.stdout.isatty())
+    renderer: Any = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+
+
+class DeviceInventory:
+    """The node's device model, built once from the hardware; `refresh()` re-discovers."""
+
+    def __init__(self, hardware: Any) -> None:
+        self.hardware = hardware
+        self._lock = threading.Lock()
+        self._model = self._build()
+
+    def _build(self) -> DeviceModel:
+        from dra_gpu.inventory.device_model import ModelOptions, build_device_model
+
+        discovery = self.hardware.discover()
+        for error in discovery.errors:
+            log.warning("GPU discovery problem", gpu_index=error.gpu_index, error=error.message)
+        return build_device_model(discovery, ModelOptions())
+
+    def model(self) -> DeviceModel:
+        with self._lock:
+            return self._model
+
+    def refresh(self) -> DeviceModel:
+        model = self._build()
+        with self._lock:
+            self._model = model
+        return model
+
+
+def _make_sharing_manager(hardware: Any, plugin_dir: Path) -> Any:
+    from dra_gpu.sharing.manager import HardwareSharingManager
+
+    return HardwareSharingManager(hardware, plugin_dir)
+
+
+def _start_slice_publishing(
+    args: argparse.Namespace, api_client: Any, inventory: DeviceInventory
+) -> Callable[[], None] | None:
+    """Start the ResourceSlice controller; returns its stop function."""
+    if args.publish_slices != "true":
+        return None
+    from dra_gpu.slices.slice_controller import SliceController
+
+    controller = SliceController(api_client, DRIVER_NAME, args.node_name, inventory.model)
+    controller.start()
+    stop: Callable[[], None] = controller.stop
+    return stop
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_format)
+    if not args.node_name:
+        print("dra-gpu kubelet-plugin: --node-name (or NODE_NAME) is required", file=sys.stderr)
+        return 2
+    os.umask(0o022)  # CDI specs must stay readable by the runtime; our own files set 0600 explicitly
+
+    from dra_gpu.cdi.driver_discovery import discover_driver_edits
+    from dra_gpu.cdi.spec_writer import CdiSpecWriter
+    from dra_gpu.checkpoint.checkpoint_store import CheckpointError, CheckpointStore
+    from dra_gpu.hardware.interface import HardwareError
+    from dra_gpu.hardware.loader import open_hardware
+    from dra_gpu.kube.client import load_api_client
+    from dra_gpu.plugin.claim_reader import KubeClaimReader
+    from dra_gpu.plugin.fault_injection import FaultPoints
+    from dra_gpu.plugin.health import DeviceHealthService
+    from dra_gpu.plugin.http_endpoint import HttpEndpoint, probe_sockets
+    from dra_gpu.plugin.metrics import PluginMetrics
+    from dra_gpu.plugin.prepare_service import PrepareService
+    from dra_gpu.plugin.server import PluginServer, SocketPaths, SocketSetupError
+
+    try:
+        paths = SocketPaths.for_driver(
+            args.kubelet_registrar_directory_path,
+            args.kubelet_plugins_directory_path,
+            DRIVER_NAME,
+            args.plugin_uid,
+        )
+        hardware = open_hardware(args.hardware, args.nvidia_driver_root)
+        inventory = DeviceInventory(hardware)
+    except (HardwareError, SocketSetupError, ValueError) as exc:
+        log.error("cannot start", error=str(exc))
+        return 1
+    driver_root = hardware.driver_root()
+    log.info("devices discovered", devices=len(inventory.model().devices), driver_root=driver_root)
+
+    metrics = PluginMetrics()
+    api_client = load_api_client(args.kubeconfig or None)
+    paths.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+    sharing = _make_sharing_manager(hardware, paths.plugin_dir)
+    service = PrepareService(
+        node_name=args.node_name,
+        claims=KubeClaimReader(api_client),
+        checkpoints=CheckpointStore(paths.plugin_dir),
+        cdi=CdiSpecWriter(args.cdi_root),
+        sharing=sharing,
+        device_model=inventory.model,
+        driver_edits=discover_driver_edits(driver_root),
+        driver_root=driver_root,
+        metrics=metrics,
+        faults=FaultPoints.from_env(),
+    )
+    try:
+        service.start()
+    except CheckpointError as exc:
+        log.error("cannot start: checkpoint unusable", error=str(exc))
+        return 1
+
+    health = None
+    if args.health_service == "true":
+        health = DeviceHealthService(args.node_name, inventory.model)
+    server = PluginServer(paths, DRIVER_NAME, service, metrics, health=health)
+    stop_slices = _start_slice_publishing(args, api_client, inventory)
+    server.start()
+
+    stopping = threading.Event()
+
+    def healthy() -> str | None:
+        return probe_sockets(paths, DRIVER_NAME)
+
+    def ready() -> str | None:
+        return "start-up cleanup not finished" if not service.started else probe_sockets(paths, DRIVER_NAME)
+
+    endpoints: list[HttpEndpoint] = []
+    if args.http_endpoint:
+        endpoints.append(
+            HttpEndpoint(
+                args.http_endpoint,
+                registry=metrics.registry,
+                metrics_path=args.metrics_path,
+                healthy=healthy,
+                ready=ready,
+            )
+        )
+    if args.healthcheck_port >= 0:
+        endpoints.append(
+            HttpEndpoint(
+                f":{args.healthcheck_port}", registry=None, metrics_path="", healthy=healthy, ready=ready
+            )
+        )
+    for endpoint in endpoints:
+        endpoint.start()
+        log.info("http endpoint", port=endpoint.port)
+
+    def stale_claims_loop() -> None:
+        while not stopping.is_set():
+            try:
+                service.cleanup_stale_claims()
+            except Exception:
+                log.exception("stale-claim check failed")
+            stopping.wait(args.stale_claim_check_interval)
+
+    threading.Thread(target=stale_claims_loop, name="stale-claims", daemon=True).start()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal received, stopping", signal=signal.Signals(signum).name)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("kubelet plugin ready", node=args.node_name, endpoint=str(paths.endpoint))
+    stopping.wait()
+
+    server.stop()
+    for endpoint in endpoints:
+        endpoint.stop()
+    if stop_slices is not None:
+        stop_slices()
+    log.info("kubelet plugin stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dra_gpu.cli.kubelet_plugin ...`: the sub-command alone (what the container image runs)."""
+    parser = argparse.ArgumentParser(prog="dra-gpu")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["kubelet-plugin", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

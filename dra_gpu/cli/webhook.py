@@ -1,0 +1,48 @@
+"""`dra-gpu webhook`: the validating admission webhook for opaque `gpu.nvidia.com` configs."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from dra_gpu.webhook.server import VALIDATE_PATH, TlsFiles, WebhookServer
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "webhook",
+        help="run the validating admission webhook",
+        description=f"Validate opaque gpu.nvidia.com configs in ResourceClaims, ResourceClaimTemplates and "
+        f"DeviceClasses (HTTPS, POST {VALIDATE_PATH}, GET /healthz).",
+    )
+    parser.add_argument("--tls-cert-file", required=True, help="PEM certificate (chain) to serve")
+    parser.add_argument("--tls-private-key-file", required=True, help="PEM private key of the certificate")
+    parser.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    parser.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    tls = TlsFiles(args.tls_cert_file, args.tls_private_key_file)
+    try:
+        server = WebhookServer(args.bind_address, args.port, tls)
+    except (OSError, ValueError) as err:
+        print(f"dra-gpu webhook: cannot start: {err}", file=sys.stderr)
+        return 1
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        # shutdown() waits for serve_forever() to return, so it must run outside the serving thread.
+        threading.Thread(target=server.shutdown, name="shutdown", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print(f"dra-gpu webhook: serving https://{args.bind_address}:{server.port}{VALIDATE_PATH}", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0

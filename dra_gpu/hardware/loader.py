@@ -1,0 +1,91 @@
+"""`--hardware` + `--nvidia-driver-root` -> a `GpuHardware`.
+
+- `real`: pynvml with `libnvidia-ml.so.1` loaded from the driver root (not from the loader's search path, so
+  the
+  plugin uses the host driver it was pointed at).
+- a node layout or GPU profile name (`dgx-h100`, `h100-80gb`, ...): the simulator, with its state in
+  `<driver root>/var/lib/nvml-sim/state.json`; the simulated driver root is created on demand.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+from dra_gpu.hardware import profiles
+from dra_gpu.hardware.interface import HardwareError
+from dra_gpu.hardware.nvml_hardware import NvmlHardware
+from dra_gpu.hardware.sim_driver_root import init_sim_driver_root, open_simulated_nvml, state_path
+from dra_gpu.hardware.simulator.state import StateError
+
+REAL = "real"
+LIBRARY_NAME = "libnvidia-ml.so.1"
+LIBRARY_DIRS = (
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib64",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib64",
+    "lib",
+)
+
+
+def known_hardware() -> list[str]:
+    return [REAL, *profiles.known_hardware_names()]
+
+
+def find_nvml_library(driver_root: str) -> Path:
+    root = Path(driver_root)
+    if not root.is_dir() or not os.access(root, os.R_OK | os.X_OK):
+        raise HardwareError(
+            f"NVIDIA driver root {driver_root!r} is not a readable directory: set --nvidia-driver-root to "
+            "where the driver is installed on the host ('/' for a host install, '/run/nvidia/driver' for "
+            "the GPU operator)"
+        )
+    candidates = [root / d / LIBRARY_NAME for d in LIBRARY_DIRS]
+    for path in candidates:
+        if path.exists():
+            return path
+    raise HardwareError(
+        f"{LIBRARY_NAME} not found under NVIDIA driver root {driver_root!r} (looked in "
+        f"{', '.join(str(c) for c in candidates)}): is the NVIDIA driver installed there?"
+    )
+
+
+def load_real_nvml(driver_root: str) -> object:
+    """Import pynvml and bind it to the driver root's libnvidia-ml.so.1 before its first nvmlInit."""
+    import pynvml
+
+    path = find_nvml_library(driver_root)
+    with pynvml.libLoadLock:
+        if pynvml.nvmlLib is None:
+            try:
+                pynvml.nvmlLib = ctypes.CDLL(str(path))
+            except OSError as err:
+                raise HardwareError(
+                    f"cannot load {path}: {err} (a simulated driver root has placeholder libraries: "
+                    f"use --hardware <profile> with it, one of {', '.join(profiles.known_hardware_names())})"
+                ) from err
+    return pynvml
+
+
+def open_hardware(hardware: str, driver_root: str, *, seed: str | None = None) -> NvmlHardware:
+    """The hardware named by `--hardware`. `seed` (simulator only; default the node name from `NODE_NAME`,
+    else the
+    existing state's seed) makes the simulated GPU UUIDs."""
+    if hardware == REAL:
+        return NvmlHardware(load_real_nvml(driver_root), driver_root)
+    try:
+        profiles.resolve_layout(hardware)
+    except profiles.UnknownHardwareError as err:
+        raise HardwareError(str(err)) from None
+    if seed is None and not state_path(driver_root).exists():
+        seed = os.environ.get("NODE_NAME") or None
+    try:
+        init_sim_driver_root(driver_root, hardware, seed)
+    except (StateError, OSError) as err:
+        raise HardwareError(f"simulated driver root {driver_root!r}: {err}") from err
+    return NvmlHardware(
+        open_simulated_nvml(driver_root), driver_root, sysfs_root=os.path.join(driver_root, "sys")
+    )

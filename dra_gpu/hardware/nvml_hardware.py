@@ -1,0 +1,496 @@
+"""`GpuHardware` on top of a `pynvml`-shaped module.
+
+Only pynvml calls (plus `nvidia-smi` for the time-slice, which NVML cannot set, and sysfs for the PCIe root),
+so the
+same code runs on real GPUs with `pynvml` and in tests with `dra_gpu.hardware.simulator.SimulatedNvml`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from dra_gpu.hardware.interface import HardwareError
+from dra_gpu.hardware.types import (
+    ComputeMode,
+    DiscoveryError,
+    DiscoveryResult,
+    GpuInfo,
+    MigInstance,
+    MigPlacement,
+    MigProfileInfo,
+)
+
+ARCHITECTURE_NAMES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+    13: "Rubin",
+}
+ARCH_HOPPER = 9
+ARCH_UNKNOWN = 0xFFFFFFFF
+BRAND_NAMES = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
+}
+# CUDA cores per SM by compute capability: NVML reports cores (nvmlDeviceGetNumGpuCores), not SMs.
+_CORES_PER_SM_BY_MAJOR = {6: 64, 7: 64, 8: 64, 9: 128, 10: 128, 12: 128}
+_CORES_PER_SM_EXCEPTIONS = {(6, 1): 128, (6, 2): 128, (8, 6): 128, (8, 7): 128, (8, 9): 128}
+# Compute-instance profile enum whose slice count equals the GPU instance's (one CI spanning the whole GI).
+_CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+
+
+def cores_per_sm(capability: tuple[int, int]) -> int:
+    return _CORES_PER_SM_EXCEPTIONS.get(capability, _CORES_PER_SM_BY_MAJOR.get(capability[0], 128))
+
+
+def normalize_bus_id(raw: str | bytes) -> str:
+    """NVML's "00000000:07:00.0" -> sysfs/Kubernetes form "0000:07:00.0" (4-digit domain, lower case)."""
+    text = (raw.decode() if isinstance(raw, bytes) else raw).strip().lower()
+    domain, rest = text.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+class NvmlHardware:
+    """The driver's view of the GPUs. Thread-safe: calls are serialized, as NVML MIG operations should be."""
+
+    def __init__(
+        self,
+        nvml_module: Any,
+        driver_root: str,
+        *,
+        sysfs_root: str = "/sys",
+        run_command: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None,
+    ) -> None:
+        self._nvml = nvml_module
+        self._driver_root = driver_root
+        self._sysfs_root = sysfs_root
+        self._run = run_command or _run_command
+        self._lock = threading.RLock()
+        self._initialized = False
+        self._error_names = {
+            getattr(nvml_module, n): n for n in dir(nvml_module) if n.startswith("NVML_ERROR_")
+        }
+        self._profile_cache: dict[str, tuple[MigProfileInfo, ...]] = {}
+
+    # ---- plumbing ----
+    def _ensure_init(self) -> None:
+        if not self._initialized:
+            self._nvml.nvmlInit()
+            self._initialized = True
+
+    def close(self) -> None:
+        with self._lock:
+            if self._initialized:
+                self._nvml.nvmlShutdown()
+                self._initialized = False
+
+    def _code(self, err: Exception) -> int | None:
+        value = getattr(err, "value", None)
+        return value if isinstance(value, int) else None
+
+    def _describe(self, err: Exception) -> str:
+        code = self._code(err)
+        return f"{self._error_names.get(code, 'NVML error')} ({code})" if code is not None else str(err)
+
+    def _is(self, err: Exception, *names: str) -> bool:
+        return self._code(err) in {getattr(self._nvml, n) for n in names}
+
+    def _call(self, what: str, function: str, *args: Any) -> Any:
+        """Call an NVML function; turn its error into a HardwareError that names `what` and the function."""
+        try:
+            return getattr(self._nvml, function)(*args)
+        except self._nvml.NVMLError as err:
+            raise HardwareError(
+                f"{what}: {function} failed: {self._describe(err)}", nvml_code=self._code(err)
+            ) from err
+
+    def _handle(self, gpu_uuid: str) -> Any:
+        self._ensure_init()
+        return self._call(f"GPU {gpu_uuid}", "nvmlDeviceGetHandleByUUID", gpu_uuid)
+
+    def driver_root(self) -> str:
+        return self._driver_root
+
+    # ---- discovery ----
+    def discover(self) -> DiscoveryResult:
+        with self._lock:
+            try:
+                self._ensure_init()
+                driver_version = str(self._call("driver", "nvmlSystemGetDriverVersion"))
+                cuda = int(self._call("driver", "nvmlSystemGetCudaDriverVersion_v2"))
+                count = int(self._call("driver", "nvmlDeviceGetCount"))
+            except HardwareError as err:
+                return DiscoveryResult("", (0, 0), (), (DiscoveryError(None, str(err)),))
+            gpus: list[GpuInfo] = []
+            errors: list[DiscoveryError] = []
+            for index in range(count):
+                try:
+                    gpus.append(self._read_gpu(index))
+                except HardwareError as err:
+                    errors.append(DiscoveryError(index, str(err)))
+            return DiscoveryResult(
+                driver_version, (cuda // 1000, (cuda % 1000) // 10), tuple(gpus), tuple(errors)
+            )
+
+    def _read_gpu(self, index: int) -> GpuInfo:
+        what = f"GPU {index}"
+        h = self._call(what, "nvmlDeviceGetHandleByIndex", index)
+        uuid = str(self._call(what, "nvmlDeviceGetUUID", h))
+        what = f"GPU {index} ({uuid})"
+        arch = int(self._call(what, "nvmlDeviceGetArchitecture", h))
+        major, minor = self._call(what, "nvmlDeviceGetCudaComputeCapability", h)
+        capability = (int(major), int(minor))
+        bus_id = normalize_bus_id(self._call(what, "nvmlDeviceGetPciInfo_v3", h).busId)
+        mig_capable, mig_current, mig_pending = self._mig_mode(what, h)
+        profiles = self._mig_profiles(what, uuid, h) if mig_capable else ()
+        return GpuInfo(
+            index=index,
+            minor=int(self._call(what, "nvmlDeviceGetMinorNumber", h)),
+            uuid=uuid,
+            product_name=str(self._call(what, "nvmlDeviceGetName", h)),
+            brand=BRAND_NAMES.get(int(self._call(what, "nvmlDeviceGetBrand", h)), "Unknown"),
+            architecture=ARCHITECTURE_NAMES.get(arch, "Unknown"),
+            cuda_compute_capability=capability,
+            memory_bytes=int(self._call(what, "nvmlDeviceGetMemoryInfo", h).total),
+            multiprocessors=self._multiprocessors(what, h, capability, profiles),
+            pci_bus_id=bus_id,
+            pcie_root=self._pcie_root(bus_id),
+            numa_node=self._numa_node(what, h),
+            interconnect=self._interconnect(what, h),
+            mig_capable=mig_capable,
+            mig_enabled=mig_current,
+            mig_pending=mig_pending,
+            mig_toggle_without_reset=mig_capable and ARCH_HOPPER <= arch != ARCH_UNKNOWN,
+            compute_mode=ComputeMode(int(self._call(what, "nvmlDeviceGetComputeMode", h))),
+            mig_profiles=profiles,
+            mig_instances=tuple(self._list_mig(what, uuid, h)) if mig_current else (),
+        )
+
+    def _mig_mode(self, what: str, h: Any) -> tuple[bool, bool, bool]:
+        try:
+            current, pending = self._nvml.nvmlDeviceGetMigMode(h)
+        except self._nvml.NVMLError as err:
+            if self._is(err, "NVML_ERROR_NOT_SUPPORTED"):
+                return False, False, False
+            raise HardwareError(
+                f"{what}: nvmlDeviceGetMigMode failed: {self._describe(err)}", nvml_code=self._code(err)
+            ) from err
+        enable = self._nvml.NVML_DEVICE_MIG_ENABLE
+        return True, current == enable, pending == enable
+
+    def _numa_node(self, what: str, h: Any) -> int | None:
+        try:
+            node = int(self._nvml.nvmlDeviceGetNumaNodeId(h))
+        except self._nvml.NVMLError as err:
+            if self._is(err, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+                return None
+            raise HardwareError(f"{what}: nvmlDeviceGetNumaNodeId failed: {self._describe(err)}") from err
+        return node if node >= 0 else None
+
+    def _multiprocessors(
+        self, what: str, h: Any, capability: tuple[int, int], profiles: tuple[MigProfileInfo, ...]
+    ) -> int:
+        try:
+            return int(self._nvml.nvmlDeviceGetNumGpuCores(h)) // cores_per_sm(capability)
+        except self._nvml.NVMLError as err:
+            if not self._is(err, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+                raise HardwareError(
+                    f"{what}: nvmlDeviceGetNumGpuCores failed: {self._describe(err)}"
+                ) from err
+        return max((p.multiprocessors for p in profiles), default=0)
+
+    def _interconnect(self, what: str, h: Any) -> str | None:
+        """ "nvswitch-0" when the GPU's NVLinks end at NVSwitches (one fabric per node), "nvlink" for direct
+        GPU-GPU links, None for PCIe only."""
+        for link in range(int(getattr(self._nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                if int(self._nvml.nvmlDeviceGetNvLinkState(h, link)) != self._nvml.NVML_FEATURE_ENABLED:
+                    continue
+                remote = int(self._nvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link))
+            except self._nvml.NVMLError as err:
+                if self._is(
+                    err,
+                    "NVML_ERROR_NOT_SUPPORTED",
+                    "NVML_ERROR_INVALID_ARGUMENT",
+                    "NVML_ERROR_FUNCTION_NOT_FOUND",
+                ):
+                    return None
+                raise HardwareError(
+                    f"{what}: nvmlDeviceGetNvLinkState failed: {self._describe(err)}"
+                ) from err
+            return "nvswitch-0" if remote == self._nvml.NVML_NVLINK_DEVICE_TYPE_SWITCH else "nvlink"
+        return None
+
+    def _pcie_root(self, bus_id: str) -> str | None:
+        """The PCIe root complex ("pci0000:00") from the device's sysfs path, as the Kubernetes helper
+        does."""
+        path = os.path.realpath(os.path.join(self._sysfs_root, "bus", "pci", "devices", bus_id))
+        parts = path.split(os.sep)
+        return next((p for p in parts if p.startswith("pci") and ":" in p), None)
+
+    def _mig_profiles(self, what: str, uuid: str, h: Any) -> tuple[MigProfileInfo, ...]:
+        cached = self._profile_cache.get(uuid)
+        if cached is not None:
+            return cached
+        found: list[MigProfileInfo] = []
+        for enum in range(int(self._nvml.NVML_GPU_INSTANCE_PROFILE_COUNT)):
+            try:
+                info = self._nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, enum)
+            except self._nvml.NVMLError as err:
+                if self._is(err, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT"):
+                    continue
+                raise HardwareError(
+                    f"{what}: nvmlDeviceGetGpuInstanceProfileInfo({enum}) failed: {self._describe(err)}"
+                ) from err
+            placements = self._placements(what, h, int(info.id))
+            size = placements[0].size if placements else int(info.sliceCount)
+            found.append(
+                MigProfileInfo(
+                    name=_profile_name(info),
+                    gi_profile_id=int(info.id),
+                    compute_slices=int(info.sliceCount),
+                    memory_slices=size,
+                    memory_mib=int(info.memorySizeMB),
+                    multiprocessors=int(info.multiprocessorCount),
+                    copy_engines=int(info.copyEngineCount),
+                    decoders=int(info.decoderCount),
+                    encoders=int(info.encoderCount),
+                    jpeg_engines=int(info.jpegCount),
+                    ofa_engines=int(info.ofaCount),
+                    max_instances=int(info.instanceCount),
+                    placements=placements,
+                )
+            )
+        result = tuple(found)
+        self._profile_cache[uuid] = result
+        return result
+
+    def _placements(self, what: str, h: Any, profile_id: int) -> tuple[MigPlacement, ...]:
+        count = ctypes.c_uint(0)
+        fn = "nvmlDeviceGetGpuInstancePossiblePlacements"
+        self._call(what, fn, h, profile_id, None, ctypes.byref(count))
+        array = (self._nvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+        self._call(what, fn, h, profile_id, array, ctypes.byref(count))
+        return tuple(MigPlacement(int(array[i].start), int(array[i].size)) for i in range(count.value))
+
+    def _profile_by_id(self, what: str, uuid: str, h: Any, gi_profile_id: int) -> tuple[MigProfileInfo, Any]:
+        """Our profile record plus NVML's own info struct for it (the create call takes the struct's id)."""
+        profile = next(
+            (p for p in self._mig_profiles(what, uuid, h) if p.gi_profile_id == gi_profile_id), None
+        )
+        if profile is None:
+            raise HardwareError(f"{what}: no MIG profile with id {gi_profile_id}")
+        return profile, self._call(what, "nvmlDeviceGetGpuInstanceProfileInfoById", h, gi_profile_id)
+
+    # ---- MIG ----
+    def _list_mig(self, what: str, uuid: str, h: Any) -> list[MigInstance]:
+        minor = int(self._call(what, "nvmlDeviceGetMinorNumber", h))
+        devices: list[MigInstance] = []
+        for profile in self._mig_profiles(what, uuid, h):
+            count = ctypes.c_uint(0)
+            gis = (self._nvml.c_nvmlGpuInstance_t * max(profile.max_instances, 1))()
+            self._call(what, "nvmlDeviceGetGpuInstances", h, profile.gi_profile_id, gis, ctypes.byref(count))
+            for gi in list(gis)[: count.value]:
+                gi_info = self._call(what, "nvmlGpuInstanceGetInfo", gi)
+                for ci_profile in sorted(set(_CI_PROFILE_FOR_SLICES.values())):
+                    ci_count = ctypes.c_uint(0)
+                    cis = (self._nvml.c_nvmlComputeInstance_t * 8)()
+                    try:
+                        self._nvml.nvmlGpuInstanceGetComputeInstances(
+                            gi, ci_profile, cis, ctypes.byref(ci_count)
+                        )
+                    except self._nvml.NVMLError as err:
+                        if self._is(err, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT"):
+                            continue
+                        raise HardwareError(
+                            f"{what}: nvmlGpuInstanceGetComputeInstances failed: {self._describe(err)}"
+                        ) from err
+                    for ci in list(cis)[: ci_count.value]:
+                        ci_info = self._call(what, "nvmlComputeInstanceGetInfo", ci)
+                        devices.append(
+                            MigInstance(
+                                parent_uuid=uuid,
+                                parent_minor=minor,
+                                uuid=str(self._call(what, "nvmlDeviceGetUUID", ci_info.device)),
+                                profile=profile.name,
+                                gi_profile_id=profile.gi_profile_id,
+                                gi_id=int(gi_info.id),
+                                ci_id=int(ci_info.id),
+                                placement=MigPlacement(
+                                    int(gi_info.placement.start), int(gi_info.placement.size)
+                                ),
+                            )
+                        )
+        devices.sort(key=lambda d: (d.gi_id, d.ci_id))
+        return devices
+
+    def list_mig_devices(self, gpu_uuid: str) -> list[MigInstance]:
+        with self._lock:
+            h = self._handle(gpu_uuid)
+            what = f"GPU {gpu_uuid}"
+            if not self._mig_mode(what, h)[1]:
+                return []
+            return self._list_mig(what, gpu_uuid, h)
+
+    def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None:
+        with self._lock:
+            h = self._handle(gpu_uuid)
+            what = f"GPU {gpu_uuid}"
+            mode = self._nvml.NVML_DEVICE_MIG_ENABLE if enabled else self._nvml.NVML_DEVICE_MIG_DISABLE
+            self._call(what, "nvmlDeviceSetMigMode", h, mode)
+            current = self._mig_mode(what, h)[1]
+            if current != enabled:
+                raise HardwareError(
+                    f"{what}: MIG mode {'enable' if enabled else 'disable'} is pending until the GPU is "
+                    "reset "
+                    "(this GPU cannot switch MIG mode at run time; reset it or set MIG mode out of "
+                    "band)",
+                    nvml_code=self._nvml.NVML_ERROR_RESET_REQUIRED,
+                )
+
+    def create_mig_device(self, gpu_uuid: str, gi_profile_id: int, placement_start: int) -> MigInstance:
+        with self._lock:
+            h = self._handle(gpu_uuid)
+            what = f"GPU {gpu_uuid}"
+            if not self._mig_mode(what, h)[1]:
+                self.set_mig_mode(gpu_uuid, True)
+            profile, info = self._profile_by_id(what, gpu_uuid, h, gi_profile_id)
+            placement = self._nvml.c_nvmlGpuInstancePlacement_t()
+            placement.start, placement.size = placement_start, profile.memory_slices
+            where = f"{what}: MIG {profile.name} at placement {placement_start}:{profile.memory_slices}"
+            gi = self._call(
+                where, "nvmlDeviceCreateGpuInstanceWithPlacement", h, int(info.id), ctypes.byref(placement)
+            )
+            try:
+                ci_enum = _CI_PROFILE_FOR_SLICES.get(profile.compute_slices)
+                if ci_enum is None:
+                    raise HardwareError(
+                        f"{where}: no compute-instance profile spans {profile.compute_slices} slices"
+                    )
+                ci_info = self._call(
+                    where,
+                    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+                    gi,
+                    ci_enum,
+                    self._nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                )
+                ci = self._call(where, "nvmlGpuInstanceCreateComputeInstance", gi, int(ci_info.id))
+            except HardwareError:
+                self._call(where, "nvmlGpuInstanceDestroy", gi)  # leave nothing behind
+                raise
+            try:
+                gi_info = self._call(where, "nvmlGpuInstanceGetInfo", gi)
+                ci_data = self._call(where, "nvmlComputeInstanceGetInfo", ci)
+                mig_uuid = str(self._call(where, "nvmlDeviceGetUUID", ci_data.device))
+                minor = int(self._call(where, "nvmlDeviceGetMinorNumber", h))
+            except HardwareError:
+                self._call(where, "nvmlComputeInstanceDestroy", ci)
+                self._call(where, "nvmlGpuInstanceDestroy", gi)
+                raise
+            return MigInstance(
+                gpu_uuid,
+                minor,
+                mig_uuid,
+                profile.name,
+                gi_profile_id,
+                int(gi_info.id),
+                int(ci_data.id),
+                MigPlacement(int(gi_info.placement.start), int(gi_info.placement.size)),
+            )
+
+    def destroy_mig_device(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None:
+        with self._lock:
+            h = self._handle(gpu_uuid)
+            what = f"GPU {gpu_uuid}: MIG device gi={gi_id} ci={ci_id}"
+            gone = ("NVML_ERROR_NOT_FOUND", "NVML_ERROR_NOT_SUPPORTED")  # not there / MIG off: nothing to do
+            try:
+                gi = self._nvml.nvmlDeviceGetGpuInstanceById(h, gi_id)
+            except self._nvml.NVMLError as err:
+                if self._is(err, *gone):
+                    return
+                raise HardwareError(
+                    f"{what}: nvmlDeviceGetGpuInstanceById failed: {self._describe(err)}",
+                    nvml_code=self._code(err),
+                ) from err
+            try:
+                ci = self._nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
+            except self._nvml.NVMLError as err:
+                if not self._is(err, *gone):
+                    raise HardwareError(
+                        f"{what}: nvmlGpuInstanceGetComputeInstanceById failed: {self._describe(err)}",
+                        nvml_code=self._code(err),
+                    ) from err
+            else:
+                self._call(what, "nvmlComputeInstanceDestroy", ci)
+            self._call(what, "nvmlGpuInstanceDestroy", gi)
+
+    # ---- sharing knobs ----
+    def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:
+        with self._lock:
+            self._call(f"GPU {gpu_uuid}", "nvmlDeviceSetComputeMode", self._handle(gpu_uuid), int(mode))
+
+    def get_compute_mode(self, gpu_uuid: str) -> ComputeMode:
+        with self._lock:
+            return ComputeMode(
+                int(self._call(f"GPU {gpu_uuid}", "nvmlDeviceGetComputeMode", self._handle(gpu_uuid)))
+            )
+
+    def set_time_slice(self, gpu_uuid: str, interval: int) -> None:
+        """What NVIDIA's driver does: compute mode back to DEFAULT, then `compute-policy --set-timeslice`."""
+        if not 0 <= interval <= 3:
+            raise HardwareError(
+                f"GPU {gpu_uuid}: time-slice interval {interval} is not 0 (Default) .. 3 (Long)"
+            )
+        smi = os.path.join(self._driver_root, "usr", "bin", "nvidia-smi")
+        for args in (
+            ["-i", gpu_uuid, "-c", "DEFAULT"],
+            ["compute-policy", "-i", gpu_uuid, "--set-timeslice", str(interval)],
+        ):
+            try:
+                done = self._run([smi, *args])
+            except OSError as err:
+                raise HardwareError(f"GPU {gpu_uuid}: cannot run {smi}: {err}") from err
+            if done.returncode != 0:
+                output = (done.stderr or done.stdout).strip()
+                raise HardwareError(
+                    f"GPU {gpu_uuid}: '{smi} {' '.join(args)}' exited {done.returncode}: {output}"
+                )
+
+
+def _profile_name(info: Any) -> str:
+    raw = getattr(info, "name", b"")
+    name = raw.decode() if isinstance(raw, bytes) else str(raw)
+    name = name.removeprefix("MIG ").strip()
+    if name:
+        return name
+    return f"{info.sliceCount}g.{round(int(info.memorySizeMB) / 1024)}gb"  # v1 structs carry no name
+
+
+def _run_command(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)

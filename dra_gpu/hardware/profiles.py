@@ -1,0 +1,372 @@
+"""Built-in GPU profiles and node layouts for the simulator.
+
+Numbers come from the MIG tables in `docs`/`nvidia-conventions.md` §12 (NVIDIA MIG User Guide plus `nvidia-smi
+mig
+-lgip`/`-lgipp` outputs). Where that table marks a value unconfirmed we use the neighbouring part's value and
+say so
+next to it. H200-141GB uses NVIDIA's published H200 profile names and IDs with the H100 geometry; its GiB
+figures are
+derived from the 8-slice memory split (approximation).
+
+Pure data and pure functions: no NVML, no files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+
+# NVML_DEVICE_ARCH_* values (pynvml constants, copied as plain ints so this module stays import-light)
+ARCH_TURING = 6
+ARCH_AMPERE = 7
+ARCH_ADA = 8
+ARCH_HOPPER = 9
+
+ARCHITECTURE_NAMES = {
+    ARCH_TURING: "Turing",
+    ARCH_AMPERE: "Ampere",
+    ARCH_ADA: "Ada Lovelace",
+    ARCH_HOPPER: "Hopper",
+}
+
+# NVML_BRAND_* values
+BRAND_TESLA = 2
+BRAND_NVIDIA = 14
+
+# NVML_GPU_INSTANCE_PROFILE_* enum -> the numeric profile id (`info.id`) it reports on A100/H100-class parts.
+GI_ENUM_1_SLICE = 0
+GI_ENUM_2_SLICE = 1
+GI_ENUM_3_SLICE = 2
+GI_ENUM_4_SLICE = 3
+GI_ENUM_7_SLICE = 4
+GI_ENUM_1_SLICE_REV1 = 7  # "+me": one slice with all media engines
+GI_ENUM_1_SLICE_REV2 = 9  # one compute slice with two memory slices
+
+MEMORY_SLICES = 8
+COMPUTE_SLICES = 7
+
+
+@dataclass(frozen=True)
+class MigProfileSpec:
+    """One GPU-instance profile row of a MIG table."""
+
+    name: str  # "1g.10gb"
+    gi_enum: int  # NVML_GPU_INSTANCE_PROFILE_* passed to GetGpuInstanceProfileInfo
+    gi_profile_id: int  # info.id (19, 20, 15, 14, 9, 5, 0)
+    compute_slices: int
+    memory_slices: int
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    max_instances: int
+    starts: tuple[int, ...]  # valid placement starts on an empty GPU
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """A GPU model: what NVML reports about one board of this kind."""
+
+    key: str  # "h100-80gb"
+    product_name: str
+    brand: int  # NVML_BRAND_*
+    architecture: int  # NVML_DEVICE_ARCH_*
+    cuda_compute_capability: tuple[int, int]
+    memory_mib: int  # nvmlDeviceGetMemoryInfo().total / MiB
+    multiprocessors: int
+    pci_device_id: int  # nvmlPciInfo_t.pciDeviceId (device << 16 | vendor 0x10de)
+    nvlinks: int = 0  # NVLink links per GPU (A100: 12, H100/H200: 18); used only in NVSwitch layouts
+    mig_profiles: tuple[MigProfileSpec, ...] = ()
+
+    @property
+    def mig_capable(self) -> bool:
+        return bool(self.mig_profiles)
+
+    @property
+    def mig_toggle_without_reset(self) -> bool:
+        """Hopper and newer switch MIG mode immediately; Ampere only sets the pending mode until a GPU
+        reset."""
+        return self.mig_capable and self.architecture >= ARCH_HOPPER
+
+
+def _gib(value: float) -> int:
+    """GiB as printed by `nvidia-smi mig -lgip` -> MiB as NVML's memorySizeMB."""
+    return round(value * 1024)
+
+
+_STARTS_1 = (0, 1, 2, 3, 4, 5, 6)
+_STARTS_1_REV2 = (0, 2, 4, 6)
+_STARTS_2 = (0, 2, 4)
+_STARTS_3 = (0, 4)
+_STARTS_4 = (0,)
+_STARTS_7 = (0,)
+
+
+def _ampere_profiles(names: tuple[str, ...], gib: tuple[float, ...]) -> tuple[MigProfileSpec, ...]:
+    """A100 geometry: 98 SMs in 7 slices, 5 NVDEC, 1 JPEG, 1 OFA, no NVENC (MIG guide, `-lgip` on A100)."""
+    n1, n1me, n1r2, n2, n3, n4, n7 = names
+    g1, g1r2, g2, g3, g7 = gib
+    return (
+        MigProfileSpec(n1, GI_ENUM_1_SLICE, 19, 1, 1, _gib(g1), 14, 1, 0, 0, 0, 0, 7, _STARTS_1),
+        # +me placements and 1g.<2 slices> rows: unconfirmed for A100, taken from the H100 output (§12).
+        MigProfileSpec(n1me, GI_ENUM_1_SLICE_REV1, 20, 1, 1, _gib(g1), 14, 1, 1, 0, 1, 1, 1, _STARTS_1),
+        MigProfileSpec(
+            n1r2, GI_ENUM_1_SLICE_REV2, 15, 1, 2, _gib(g1r2), 14, 1, 1, 0, 0, 0, 4, _STARTS_1_REV2
+        ),
+        MigProfileSpec(n2, GI_ENUM_2_SLICE, 14, 2, 2, _gib(g2), 28, 2, 1, 0, 0, 0, 3, _STARTS_2),
+        MigProfileSpec(n3, GI_ENUM_3_SLICE, 9, 3, 4, _gib(g3), 42, 3, 2, 0, 0, 0, 2, _STARTS_3),
+        MigProfileSpec(n4, GI_ENUM_4_SLICE, 5, 4, 4, _gib(g3), 56, 4, 2, 0, 0, 0, 1, _STARTS_4),
+        MigProfileSpec(n7, GI_ENUM_7_SLICE, 0, 7, 8, _gib(g7), 98, 7, 5, 0, 1, 1, 1, _STARTS_7),
+    )
+
+
+def _hopper_profiles(names: tuple[str, ...], gib: tuple[float, ...]) -> tuple[MigProfileSpec, ...]:
+    """H100 SXM geometry: 132 SMs, 7 NVDEC, 7 NVJPG, 1 OFA, no NVENC; CE 1/1/1/2/3/4/8 (`-lgip` on H100)."""
+    n1, n1me, n1r2, n2, n3, n4, n7 = names
+    g1, g1r2, g2, g3, g7 = gib
+    return (
+        MigProfileSpec(n1, GI_ENUM_1_SLICE, 19, 1, 1, _gib(g1), 16, 1, 1, 0, 1, 0, 7, _STARTS_1),
+        MigProfileSpec(n1me, GI_ENUM_1_SLICE_REV1, 20, 1, 1, _gib(g1), 16, 1, 1, 0, 1, 1, 1, _STARTS_1),
+        MigProfileSpec(
+            n1r2, GI_ENUM_1_SLICE_REV2, 15, 1, 2, _gib(g1r2), 26, 1, 1, 0, 1, 0, 4, _STARTS_1_REV2
+        ),
+        MigProfileSpec(n2, GI_ENUM_2_SLICE, 14, 2, 2, _gib(g2), 32, 2, 2, 0, 2, 0, 3, _STARTS_2),
+        MigProfileSpec(n3, GI_ENUM_3_SLICE, 9, 3, 4, _gib(g3), 60, 3, 3, 0, 3, 0, 2, _STARTS_3),
+        MigProfileSpec(n4, GI_ENUM_4_SLICE, 5, 4, 4, _gib(g3), 64, 4, 4, 0, 4, 0, 1, _STARTS_4),
+        MigProfileSpec(n7, GI_ENUM_7_SLICE, 0, 7, 8, _gib(g7), 132, 8, 7, 0, 7, 1, 1, _STARTS_7),
+    )
+
+
+A100_40GB = GpuProfile(
+    key="a100-40gb",
+    product_name="NVIDIA A100-SXM4-40GB",
+    brand=BRAND_NVIDIA,
+    architecture=ARCH_AMPERE,
+    cuda_compute_capability=(8, 0),
+    memory_mib=40960,
+    multiprocessors=108,
+    pci_device_id=0x20B010DE,
+    nvlinks=12,
+    mig_profiles=_ampere_profiles(
+        ("1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"),
+        (4.75, 9.62, 9.62, 19.50, 39.25),
+    ),
+)
+
+A100_80GB = GpuProfile(
+    key="a100-80gb",
+    product_name="NVIDIA A100-SXM4-80GB",
+    brand=BRAND_NVIDIA,
+    architecture=ARCH_AMPERE,
+    cuda_compute_capability=(8, 0),
+    memory_mib=81920,
+    multiprocessors=108,
+    pci_device_id=0x20B210DE,
+    nvlinks=12,
+    mig_profiles=_ampere_profiles(
+        ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+        (9.50, 19.50, 19.50, 39.50, 79.25),  # 1g.20gb size unconfirmed (§12): same as 2g.20gb
+    ),
+)
+
+H100_80GB = GpuProfile(
+    key="h100-80gb",
+    product_name="NVIDIA H100 80GB HBM3",
+    brand=BRAND_NVIDIA,
+    architecture=ARCH_HOPPER,
+    cuda_compute_capability=(9, 0),
+    memory_mib=81559,
+    multiprocessors=132,
+    pci_device_id=0x233010DE,
+    nvlinks=18,
+    mig_profiles=_hopper_profiles(
+        ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
+        (9.75, 19.62, 19.62, 39.50, 79.25),
+    ),
+)
+
+H200_141GB = GpuProfile(
+    key="h200-141gb",
+    product_name="NVIDIA H200",
+    brand=BRAND_NVIDIA,
+    architecture=ARCH_HOPPER,
+    cuda_compute_capability=(9, 0),
+    memory_mib=143771,
+    multiprocessors=132,
+    pci_device_id=0x233510DE,
+    nvlinks=18,
+    mig_profiles=_hopper_profiles(
+        ("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
+        (16.62, 32.88, 32.88, 65.88, 139.62),  # approximation: 1/8, 2/8, 4/8 of the 7g figure
+    ),
+)
+
+L40S = GpuProfile(
+    key="l40s",
+    product_name="NVIDIA L40S",
+    brand=BRAND_NVIDIA,
+    architecture=ARCH_ADA,
+    cuda_compute_capability=(8, 9),
+    memory_mib=46068,
+    multiprocessors=142,
+    pci_device_id=0x26B910DE,
+)
+
+T4 = GpuProfile(
+    key="t4",
+    product_name="Tesla T4",
+    brand=BRAND_TESLA,
+    architecture=ARCH_TURING,
+    cuda_compute_capability=(7, 5),
+    memory_mib=15360,
+    multiprocessors=40,
+    pci_device_id=0x1EB810DE,
+)
+
+GPU_PROFILES: dict[str, GpuProfile] = {
+    p.key: p for p in (A100_40GB, A100_80GB, H100_80GB, H200_141GB, L40S, T4)
+}
+
+
+@dataclass(frozen=True)
+class GpuSlot:
+    """Where one GPU sits in a node: PCI address, NUMA node, interconnect."""
+
+    profile: GpuProfile
+    pci_bus: int  # the bus number of "0000:<bus>:00.0"
+    pcie_root: str  # "pci0000:00"
+    numa_node: int | None
+    interconnect: str | None  # "nvswitch-0"; None for PCIe-only
+    pci_device: int = 0  # the device number of "0000:<bus>:<device>.0"
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    key: str
+    description: str
+    slots: tuple[GpuSlot, ...]
+    driver_version: str = "570.133.20"
+    cuda_driver_version: int = 12080  # nvmlSystemGetCudaDriverVersion_v2: 1000*major + 10*minor
+
+
+# DGX A100/H100 bus numbers as `nvidia-smi` lists them on those systems (GPU 0-3 on NUMA 0, 4-7 on NUMA 1).
+_DGX_BUSES = (0x07, 0x0F, 0x47, 0x4E, 0x87, 0x90, 0xB7, 0xBD)
+_DGX_ROOTS = (
+    "pci0000:00",
+    "pci0000:00",
+    "pci0000:40",
+    "pci0000:40",
+    "pci0000:80",
+    "pci0000:80",
+    "pci0000:b0",
+    "pci0000:b0",
+)
+
+
+def _dgx(profile: GpuProfile) -> tuple[GpuSlot, ...]:
+    return tuple(
+        GpuSlot(profile, bus, root, 0 if i < 4 else 1, "nvswitch-0")
+        for i, (bus, root) in enumerate(zip(_DGX_BUSES, _DGX_ROOTS, strict=True))
+    )
+
+
+NODE_LAYOUTS: dict[str, NodeLayout] = {
+    layout.key: layout
+    for layout in (
+        NodeLayout("dgx-a100", "DGX A100: 8x A100-SXM4-40GB on NVSwitch, two NUMA nodes", _dgx(A100_40GB)),
+        NodeLayout("dgx-h100", "DGX H100: 8x H100 80GB HBM3 on NVSwitch, two NUMA nodes", _dgx(H100_80GB)),
+        NodeLayout(
+            "pcie-4x-l40s",
+            "4x L40S on PCIe only, two NUMA nodes",
+            (
+                GpuSlot(L40S, 0x17, "pci0000:16", 0, None),
+                GpuSlot(L40S, 0x31, "pci0000:30", 0, None),
+                GpuSlot(L40S, 0xB1, "pci0000:b0", 1, None),
+                GpuSlot(L40S, 0xCA, "pci0000:c9", 1, None),
+            ),
+        ),
+        NodeLayout(
+            "single-t4",
+            "one Tesla T4 (cloud VM at 00:1e.0, no NUMA information)",
+            (GpuSlot(T4, 0x00, "pci0000:00", None, None, pci_device=0x1E),),
+            driver_version="535.183.01",
+            cuda_driver_version=12020,
+        ),
+    )
+}
+
+
+def known_hardware_names() -> list[str]:
+    """Every name `--hardware` accepts besides `real`: node layouts first, then single-GPU profiles."""
+    return sorted(NODE_LAYOUTS) + sorted(GPU_PROFILES)
+
+
+class UnknownHardwareError(ValueError):
+    pass
+
+
+def resolve_layout(name: str) -> NodeLayout:
+    """A node layout by name; a single-GPU profile name gives a one-GPU node with that GPU."""
+    if name in NODE_LAYOUTS:
+        return NODE_LAYOUTS[name]
+    if name in GPU_PROFILES:
+        profile = GPU_PROFILES[name]
+        return NodeLayout(
+            name, f"one {profile.product_name}", (GpuSlot(profile, 0x01, "pci0000:00", 0, None),)
+        )
+    raise UnknownHardwareError(
+        f"unknown hardware {name!r}: use 'real' or one of {', '.join(known_hardware_names())}"
+    )
+
+
+@dataclass(frozen=True)
+class SimulatedGpu:
+    """One concrete simulated GPU: a slot plus its identity on a given node."""
+
+    index: int
+    minor: int
+    uuid: str
+    slot: GpuSlot
+
+    @property
+    def profile(self) -> GpuProfile:
+        return self.slot.profile
+
+    @property
+    def pci_bus_id(self) -> str:
+        """NVML's busId format: 8-digit domain, upper-case hex ("00000000:07:00.0")."""
+        return f"00000000:{self.slot.pci_bus:02X}:{self.slot.pci_device:02X}.0"
+
+
+def gpu_uuid(seed: str, index: int) -> str:
+    """A stable `GPU-xxxxxxxx-...` UUID derived from the node seed (node name) and the GPU's position."""
+    digest = hashlib.sha256(f"dra-gpu-sim/{seed}/{index}".encode()).digest()
+    return "GPU-" + str(uuid.UUID(bytes=digest[:16], version=4))
+
+
+def mig_uuid(parent_uuid: str, gi_id: int, ci_id: int, serial: int) -> str:
+    """A `MIG-...` UUID; `serial` makes a re-created instance get a new UUID, as on hardware."""
+    digest = hashlib.sha256(f"{parent_uuid}/{gi_id}/{ci_id}/{serial}".encode()).digest()
+    return "MIG-" + str(uuid.UUID(bytes=digest[:16], version=4))
+
+
+def simulated_gpus(layout: NodeLayout, seed: str) -> tuple[SimulatedGpu, ...]:
+    """NVML enumerates GPUs in PCI order; minor numbers follow the same order on these systems."""
+    ordered = sorted(layout.slots, key=lambda s: (s.pcie_root, s.pci_bus, s.pci_device))
+    return tuple(SimulatedGpu(i, i, gpu_uuid(seed, i), slot) for i, slot in enumerate(ordered))
+
+
+def gpu_instance_id(start: int, size: int) -> int:
+    """GPU-instance id for a placement, as the driver assigns it (swizzle id): 8 slices -> 0, halves -> 1-2,
+    quarters -> 3-6, eighths -> 7-14. Overlapping placements never share an id, so ids are unique per GPU."""
+    if size >= 8:
+        return 0
+    if size >= 4:
+        return 1 + start // 4
+    if size >= 2:
+        return 3 + start // 2
+    return 7 + start

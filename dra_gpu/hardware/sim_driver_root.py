@@ -1,0 +1,216 @@
+"""A simulated NVIDIA driver root on disk, kept in step with the simulator state.
+
+Layout (what the plugin, CDI discovery and the sharing code look for under a real driver root):
+- `usr/bin/nvidia-smi`, `usr/bin/nvidia-cuda-mps-control`: shell shims running `python -m
+  dra_gpu.hardware.sim_tools.<tool>` with `DRA_GPU_SIM_ROOT` set to this root.
+- `usr/lib/x86_64-linux-gnu/`: placeholder driver libraries (`libnvidia-ml.so.<version>` + `.so.1` links,
+  ...).
+- `dev/nvidia<minor>`, `dev/nvidiactl`, `dev/nvidia-uvm`, `dev/nvidia-uvm-tools`,
+  `dev/nvidia-caps/nvidia-cap<N>`:
+  character devices with /dev/null's numbers (1, 3), so a container given them opens something harmless;
+  regular
+  files when we are not root.
+- `proc/driver/nvidia/capabilities/{mig/config,mig/monitor,gpu<minor>/mig/gi<G>/access,.../ci<C>/access}` and
+  `proc/driver/nvidia-caps/mig-minors`, following the driver's capability minor numbering.
+- `sys/bus/pci/devices/<bus id>` links into `sys/devices/<pcie root>/<bus id>`, where discovery reads the PCIe
+  root.
+- `var/lib/nvml-sim/state.json`: the simulator state.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+from dra_gpu.hardware import profiles
+from dra_gpu.hardware.simulator.nvml import SimulatedNvml
+from dra_gpu.hardware.simulator.state import SimState, StateStore
+
+STATE_RELATIVE_PATH = "var/lib/nvml-sim/state.json"
+LIB_DIR = "usr/lib/x86_64-linux-gnu"
+TOOLS = {"nvidia-smi": "nvidia_smi", "nvidia-cuda-mps-control": "mps_control"}
+_LIBRARIES = (
+    "libnvidia-ml.so",
+    "libcuda.so",
+    "libnvidia-ptxjitcompiler.so",
+    "libnvidia-nvvm.so",
+    "libcudadebugger.so",
+)
+_NULL_MAJOR, _NULL_MINOR = 1, 3
+CAP_ACCESS_MODE = 292  # 0444, as the driver reports it
+# Capability minors: config=1, monitor=2, then per GPU 15 GPU instances x (access + 8 compute instances).
+_GI_PER_GPU = 15
+_CI_PER_GI = 8
+_MINORS_PER_GI = 1 + _CI_PER_GI
+
+
+def state_path(driver_root: str | os.PathLike[str]) -> Path:
+    return Path(driver_root) / STATE_RELATIVE_PATH
+
+
+def gi_cap_minor(gpu_minor: int, gi_id: int) -> int:
+    return 3 + (gpu_minor * _GI_PER_GPU + gi_id) * _MINORS_PER_GI
+
+
+def ci_cap_minor(gpu_minor: int, gi_id: int, ci_id: int) -> int:
+    return gi_cap_minor(gpu_minor, gi_id) + 1 + ci_id
+
+
+def _make_device_node(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() or path.is_symlink():
+        return
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(_NULL_MAJOR, _NULL_MINOR))
+    except PermissionError:
+        path.write_text("")  # not root: a regular file stands in
+
+
+def _cap_text(minor: int) -> str:
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: {CAP_ACCESS_MODE}\nDeviceFileModify: 1\n"
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+def _write_shim(root: Path, tool: str, module: str) -> None:
+    shim = root / "usr" / "bin" / tool
+    shim.parent.mkdir(parents=True, exist_ok=True)
+    python = shlex.quote(sys.executable)
+    text = (
+        "#!/bin/sh\n"
+        f"# simulated {tool}: runs dra_gpu.hardware.sim_tools.{module} against this driver root\n"
+        f'DRA_GPU_SIM_ROOT="${{DRA_GPU_SIM_ROOT:-{shlex.quote(str(root))}}}"\n'
+        "export DRA_GPU_SIM_ROOT\n"
+        f'exec {python} -m dra_gpu.hardware.sim_tools.{module} "$@"\n'
+    )
+    _write_if_changed(shim, text)
+    shim.chmod(0o755)
+
+
+def _write_libraries(root: Path, driver_version: str) -> None:
+    lib_dir = root / LIB_DIR
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    for name in _LIBRARIES:
+        real = lib_dir / f"{name}.{driver_version}"
+        _write_if_changed(real, f"placeholder for {name} {driver_version} (simulated driver root)\n")
+        link = lib_dir / f"{name}.1"
+        if not link.is_symlink():
+            link.unlink(missing_ok=True)
+            link.symlink_to(real.name)
+
+
+def _write_sysfs(root: Path, gpus: tuple[profiles.SimulatedGpu, ...]) -> None:
+    for gpu in gpus:
+        bus_id = "0000:" + gpu.pci_bus_id.lower().split(":", 1)[1]
+        device_dir = root / "sys" / "devices" / gpu.slot.pcie_root / bus_id
+        device_dir.mkdir(parents=True, exist_ok=True)
+        _write_if_changed(
+            device_dir / "numa_node", f"{-1 if gpu.slot.numa_node is None else gpu.slot.numa_node}\n"
+        )
+        link = root / "sys" / "bus" / "pci" / "devices" / bus_id
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(os.path.relpath(device_dir, link.parent))
+
+
+def sync_mig_capabilities(driver_root: str | os.PathLike[str], state: SimState) -> None:
+    """Make `proc/driver/nvidia/capabilities/gpu*/mig/gi*` and `dev/nvidia-caps/nvidia-cap*` match the MIG
+    instances in `state`: one access file and one device node per GPU instance and per compute instance."""
+    root = Path(driver_root)
+    caps_dir = root / "proc" / "driver" / "nvidia" / "capabilities"
+    dev_caps = root / "dev" / "nvidia-caps"
+    gpus = profiles.simulated_gpus(state.layout(), state.seed)
+    wanted_files: dict[Path, str] = {}
+    wanted_nodes = {dev_caps / "nvidia-cap1", dev_caps / "nvidia-cap2"}
+    for gpu, gstate in zip(gpus, state.gpus, strict=True):
+        for gi in gstate.gpu_instances:
+            gi_dir = caps_dir / f"gpu{gpu.minor}" / "mig" / f"gi{gi.gi_id}"
+            minor = gi_cap_minor(gpu.minor, gi.gi_id)
+            wanted_files[gi_dir / "access"] = _cap_text(minor)
+            wanted_nodes.add(dev_caps / f"nvidia-cap{minor}")
+            for ci in gi.compute_instances:
+                minor = ci_cap_minor(gpu.minor, gi.gi_id, ci.ci_id)
+                wanted_files[gi_dir / f"ci{ci.ci_id}" / "access"] = _cap_text(minor)
+                wanted_nodes.add(dev_caps / f"nvidia-cap{minor}")
+    for gpu in gpus:  # drop instances that no longer exist
+        mig_dir = caps_dir / f"gpu{gpu.minor}" / "mig"
+        if mig_dir.is_dir():
+            for gi_dir in mig_dir.iterdir():
+                for access in [gi_dir / "access", *gi_dir.glob("ci*/access")]:
+                    if access.is_file() and access not in wanted_files:
+                        access.unlink()
+                for ci_dir in gi_dir.glob("ci*"):
+                    if ci_dir.is_dir() and not any(ci_dir.iterdir()):
+                        ci_dir.rmdir()
+                if not any(gi_dir.iterdir()):
+                    gi_dir.rmdir()
+    if dev_caps.is_dir():
+        for node in dev_caps.iterdir():
+            if node not in wanted_nodes:
+                node.unlink()
+    for path, text in wanted_files.items():
+        _write_if_changed(path, text)
+    for node in wanted_nodes:
+        _make_device_node(node)
+
+
+def _write_static_capabilities(root: Path, gpus: tuple[profiles.SimulatedGpu, ...]) -> None:
+    caps = root / "proc" / "driver" / "nvidia" / "capabilities"
+    _write_if_changed(caps / "mig" / "config", _cap_text(1))
+    _write_if_changed(caps / "mig" / "monitor", _cap_text(2))
+    lines = ["config 1", "monitor 2"]
+    for gpu in gpus:
+        (caps / f"gpu{gpu.minor}" / "mig").mkdir(parents=True, exist_ok=True)
+        for gi_id in range(_GI_PER_GPU):
+            lines.append(f"gpu{gpu.minor}/gi{gi_id}/access {gi_cap_minor(gpu.minor, gi_id)}")
+            lines.extend(
+                f"gpu{gpu.minor}/gi{gi_id}/ci{ci_id}/access {ci_cap_minor(gpu.minor, gi_id, ci_id)}"
+                for ci_id in range(_CI_PER_GI)
+            )
+    _write_if_changed(root / "proc" / "driver" / "nvidia-caps" / "mig-minors", "\n".join(lines) + "\n")
+
+
+def init_sim_driver_root(
+    driver_root: str | os.PathLike[str], hardware: str, seed: str | None = None, *, force: bool = False
+) -> SimState:
+    """Create (or complete) a simulated driver root for `hardware`. Idempotent; keeps an existing state file
+    for
+    the same hardware unless `force`. `seed` (default: the existing state's seed, else the hardware name)
+    makes the
+    GPU UUIDs; use the node name so every simulated node has its own UUIDs."""
+    root = Path(driver_root)
+    profiles.resolve_layout(hardware)  # unknown names fail before anything is written
+    store = StateStore(state_path(root))
+    if force:
+        shutil.rmtree(root / "proc" / "driver" / "nvidia" / "capabilities", ignore_errors=True)
+        shutil.rmtree(root / "dev" / "nvidia-caps", ignore_errors=True)
+    if store.exists() and not force:
+        existing = store.read()
+        if seed is None:
+            seed = existing.seed
+    state = store.initialize(hardware, seed or hardware, force=force)
+    layout = state.layout()
+    gpus = profiles.simulated_gpus(layout, state.seed)
+    for tool, module in TOOLS.items():
+        _write_shim(root, tool, module)
+    _write_libraries(root, layout.driver_version)
+    _write_sysfs(root, gpus)
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{g.minor}" for g in gpus)):
+        _make_device_node(root / "dev" / name)
+    _write_static_capabilities(root, gpus)
+    sync_mig_capabilities(root, state)
+    return state
+
+
+def open_simulated_nvml(driver_root: str | os.PathLike[str]) -> SimulatedNvml:
+    """The simulator for an existing simulated driver root, keeping its capability files in step."""
+    root = Path(driver_root)
+    return SimulatedNvml(state_path(root), after_change=lambda state: sync_mig_capabilities(root, state))

@@ -1,0 +1,1 @@
+"""Fake NVIDIA command-line tools for simulated driver roots (run through the shims in `<root>/usr/bin`)."""

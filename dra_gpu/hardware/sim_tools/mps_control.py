@@ -1,0 +1,312 @@
+"""A fake `nvidia-cuda-mps-control` for simulated driver roots (`DRA_GPU_SIM_ROOT`).
+
+    nvidia-cuda-mps-control -d          start a control daemon in the background and return (like the real -d)
+    echo CMD | nvidia-cuda-mps-control  send each stdin line to the daemon and print its answers
+
+The daemon is a real, detached process (double fork + setsid, so it outlives whoever started it). It serves a
+Unix socket `control` in `CUDA_MPS_PIPE_DIRECTORY` (default /tmp/nvidia-mps), writes `control.log` in
+`CUDA_MPS_LOG_DIRECTORY` (default /var/log/nvidia-mps) and its pid to `nvidia-cuda-mps-control.pid` in the
+pipe directory. Every command it receives, and the limits it holds, are recorded in the simulator state under
+`mps[<pipe dir>]`, so tests and `dra-gpu hardware state` can see what the driver asked for.
+
+Commands (a subset of the real tool's): `get_server_list`, `set_default_active_thread_percentage N`,
+`get_default_active_thread_percentage`, `set_default_device_pinned_mem_limit DEV VALUE`,
+`get_default_device_pinned_mem_limit DEV`, `quit`. DEV is a UUID or an index into `CUDA_VISIBLE_DEVICES`;
+VALUE is `<N>M` or `<N>G`. Invalid commands get an error answer and the client exits 1, as the driver expects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dra_gpu.hardware.simulator.state import StateStore
+
+SOCKET_NAME = "control"
+PID_FILE = "nvidia-cuda-mps-control.pid"
+LOG_FILE = "control.log"
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
+DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
+STATE_PATH = "var/lib/nvml-sim/state.json"
+KEEP_STOPPED = 50  # stopped daemons kept in the state for inspection (the oldest are dropped)
+_LIMIT_RE = re.compile(r"^([0-9]+)([MG])$")
+
+
+class CommandError(Exception):
+    pass
+
+
+def _store() -> StateStore | None:
+    root = os.environ.get("DRA_GPU_SIM_ROOT")
+    return StateStore(Path(root) / STATE_PATH) if root else None
+
+
+def _known_uuids(store: StateStore) -> set[str]:
+    state = store.read()
+    uuids = {g.uuid for g in state.gpus}
+    for g in state.gpus:
+        for gi in g.gpu_instances:
+            uuids.update(ci.uuid for ci in gi.compute_instances)
+    return uuids
+
+
+class Daemon:
+    """The control daemon's state and command handling (one command per connection)."""
+
+    def __init__(self, pipe_dir: Path, log_dir: Path, visible: list[str], store: StateStore | None) -> None:
+        self.pipe_dir = pipe_dir
+        self.log_dir = log_dir
+        self.visible = visible
+        self.store = store
+        self.key = str(pipe_dir)
+        self.thread_percentage: int | None = None
+        self.pinned: dict[str, str] = {}
+
+    def log(self, text: str) -> None:
+        with open(self.log_dir / LOG_FILE, "a", encoding="utf-8") as out:
+            out.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {text}\n")
+
+    def record(self, **changes: Any) -> None:
+        if self.store is None:
+            return
+        with self.store.transaction() as state:
+            entry = state.mps.setdefault(self.key, {})
+            entry.update(changes)
+            entry["default_active_thread_percentage"] = self.thread_percentage
+            entry["default_pinned_mem_limits"] = dict(self.pinned)
+            stopped = [k for k, v in state.mps.items() if isinstance(v, dict) and not v.get("running")]
+            for old in stopped[:-KEEP_STOPPED]:
+                del state.mps[old]
+
+    def record_command(self, line: str, ok: bool) -> None:
+        if self.store is None:
+            return
+        with self.store.transaction() as state:
+            entry = state.mps.setdefault(self.key, {})
+            entry.setdefault("commands", []).append({"command": line, "ok": ok})
+            entry["default_active_thread_percentage"] = self.thread_percentage
+            entry["default_pinned_mem_limits"] = dict(self.pinned)
+
+    def device(self, spec: str) -> str:
+        if spec in self.visible:
+            return spec
+        if spec.isdigit() and int(spec) < len(self.visible):
+            return self.visible[int(spec)]
+        raise CommandError(
+            f"device {spec!r} is not visible to this daemon (CUDA_VISIBLE_DEVICES={','.join(self.visible)})"
+        )
+
+    def handle(self, line: str) -> tuple[str, bool]:
+        """(answer, quit?) for one command; raises CommandError."""
+        words = line.split()
+        if not words:
+            raise CommandError("empty command")
+        name, args = words[0], words[1:]
+        if name == "get_server_list" and not args:
+            return "", False  # no client has connected, so no MPS server runs yet
+        if name == "set_default_active_thread_percentage" and len(args) == 1:
+            if not args[0].isdigit() or not 0 <= int(args[0]) <= 100:
+                raise CommandError(f"invalid active thread percentage {args[0]!r}: expected 0..100")
+            self.thread_percentage = int(args[0])
+            return str(self.thread_percentage), False
+        if name == "get_default_active_thread_percentage" and not args:
+            return str(self.thread_percentage if self.thread_percentage is not None else 100), False
+        if name == "set_default_device_pinned_mem_limit" and len(args) == 2:
+            uuid = self.device(args[0])
+            if not _LIMIT_RE.match(args[1]) or int(args[1][:-1]) == 0:
+                raise CommandError(f"invalid pinned memory limit {args[1]!r}: expected <N>M or <N>G, N > 0")
+            self.pinned[uuid] = args[1]
+            return "", False
+        if name == "get_default_device_pinned_mem_limit" and len(args) == 1:
+            return self.pinned.get(self.device(args[0]), "0"), False
+        if name == "quit" and not args:
+            return "", True
+        raise CommandError(f"unknown command or wrong arguments: {line!r}")
+
+    def serve(self, listener: socket.socket) -> None:
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                line = _read_line(conn)
+                try:
+                    answer, stop = self.handle(line)
+                    ok = True
+                except CommandError as err:
+                    answer, stop, ok = f"ERROR: {err}", False, False
+                self.log(f"{'Received' if ok else 'Rejected'} command: {line}")
+                self.record_command(line, ok)
+                conn.sendall((answer + "\n").encode() if answer else b"")
+                if not ok:
+                    conn.sendall(b"\x00")  # tells the client the command failed
+            if stop:
+                return
+
+
+def _read_line(conn: socket.socket) -> str:
+    data = b""
+    conn.settimeout(5)
+    while not data.endswith(b"\n") and len(data) < 4096:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace").strip()
+
+
+def _dirs() -> tuple[Path, Path]:
+    pipe_dir = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR)
+    log_dir = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or DEFAULT_LOG_DIR)
+    return pipe_dir, log_dir
+
+
+def start_daemon() -> int:
+    pipe_dir, log_dir = _dirs()
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    store = _store()
+    if not visible:
+        print(
+            "CUDA_VISIBLE_DEVICES is empty: the MPS control daemon needs the devices it serves",
+            file=sys.stderr,
+        )
+        return 1
+    if store is not None:
+        unknown = [d for d in visible if d not in _known_uuids(store)]
+        if unknown:
+            print(
+                f"CUDA_VISIBLE_DEVICES names devices that do not exist: {','.join(unknown)}", file=sys.stderr
+            )
+            return 1
+    pipe_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if (pipe_dir / PID_FILE).exists() and _answers(pipe_dir):
+        print(f"An instance of this daemon is already running ({pipe_dir})", file=sys.stderr)
+        return 1
+    with contextlib.suppress(FileNotFoundError):
+        (pipe_dir / SOCKET_NAME).unlink()
+    # Bind before forking so that a failure is reported to the caller; bind with a relative name so a long
+    # pipe directory does not hit the 108-byte limit of socket paths.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    cwd = os.getcwd()
+    os.chdir(pipe_dir)
+    try:
+        listener.bind(SOCKET_NAME)
+    finally:
+        os.chdir(cwd)
+    listener.listen(16)
+    read_end, write_end = os.pipe()
+    if os.fork() > 0:  # the caller's process: wait until the daemon has written its pid, then return
+        os.close(write_end)
+        listener.close()
+        ready = os.read(read_end, 16)
+        os.close(read_end)
+        return 0 if ready else 1
+    os.close(read_end)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    _daemon_main(listener, write_end, Daemon(pipe_dir, log_dir, visible, store))
+    os._exit(0)
+
+
+def _daemon_main(listener: socket.socket, ready_fd: int, daemon: Daemon) -> None:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.chdir("/")
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
+    pid = os.getpid()
+    (daemon.pipe_dir / PID_FILE).write_text(f"{pid}\n")
+    daemon.log(f"Starting control daemon pid {pid} for devices {','.join(daemon.visible)}")
+    daemon.record(
+        pid=pid,
+        running=True,
+        started=time.time(),
+        stopped=None,
+        visible_devices=daemon.visible,
+        pipe_dir=str(daemon.pipe_dir),
+        log_dir=str(daemon.log_dir),
+        commands=[],
+    )
+    os.write(ready_fd, b"1")
+    os.close(ready_fd)
+    try:
+        daemon.serve(listener)
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            (daemon.pipe_dir / SOCKET_NAME).unlink()
+        with contextlib.suppress(FileNotFoundError):
+            (daemon.pipe_dir / PID_FILE).unlink()
+        daemon.log("Shutting down control daemon")
+        daemon.record(running=False, stopped=time.time())
+
+
+def _connect(pipe_dir: Path) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    cwd = os.getcwd()
+    try:
+        os.chdir(pipe_dir)
+        conn.connect(SOCKET_NAME)
+    except OSError:
+        conn.close()
+        raise
+    finally:
+        os.chdir(cwd)
+    return conn
+
+
+def _answers(pipe_dir: Path) -> bool:
+    try:
+        with _connect(pipe_dir) as conn:
+            conn.sendall(b"get_server_list\n")
+            conn.settimeout(2)
+            conn.recv(4096)
+        return True
+    except OSError:
+        return False
+
+
+def run_client(lines: Sequence[str]) -> int:
+    pipe_dir, _ = _dirs()
+    status = 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            conn = _connect(pipe_dir)
+        except OSError:
+            print("Cannot find MPS control daemon process", file=sys.stderr)
+            return 1
+        with conn:
+            conn.settimeout(10)
+            conn.sendall(line.strip().encode() + b"\n")
+            reply = b""
+            while chunk := conn.recv(4096):
+                reply += chunk
+        failed = reply.endswith(b"\x00")
+        text = reply.rstrip(b"\x00").decode(errors="replace")
+        (sys.stderr if failed else sys.stdout).write(text)
+        status = 1 if failed else status
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["-d"]:
+        return start_daemon()
+    if args:
+        print("usage: nvidia-cuda-mps-control [-d]   (commands on stdin without -d)", file=sys.stderr)
+        return 2
+    return run_client(sys.stdin.read().splitlines())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""A fake `nvidia-smi` for simulated driver roots (`DRA_GPU_SIM_ROOT`), backed by the NVML simulator.
+
+Supported: `-L`, `-q [-i X]`, `-i X -c MODE`, `compute-policy -i X --set-timeslice N`, `mig -lgip|-lgipp|-lgi
+[-i X]`, `-i X -mig 0|1`, `-i X -r` (reset: applies a pending MIG mode). `X` is an index, a UUID or a PCI bus
+id,
+comma-separated lists allowed. Output follows the real tool's layout closely enough for the driver and for
+people
+comparing with a real machine; changes go into the simulator state.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import pynvml
+
+from dra_gpu.hardware import profiles
+from dra_gpu.hardware.sim_driver_root import open_simulated_nvml
+from dra_gpu.hardware.simulator.nvml import SimulatedNvml
+from dra_gpu.hardware.simulator.state import SimState
+
+_COMPUTE_MODES = {"0": 0, "DEFAULT": 0, "2": 2, "PROHIBITED": 2, "3": 3, "EXCLUSIVE_PROCESS": 3}
+_COMPUTE_MODE_NAMES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
+_TIMESLICE_NAMES = {0: "Default", 1: "Short", 2: "Medium", 3: "Long"}
+
+
+class UsageError(Exception):
+    pass
+
+
+def _option(args: list[str], *names: str) -> str | None:
+    for name in names:
+        if name in args:
+            i = args.index(name)
+            if i + 1 >= len(args):
+                raise UsageError(f"option {name} needs a value")
+            value = args[i + 1]
+            del args[i : i + 2]
+            return value
+        for i, arg in enumerate(args):
+            if arg.startswith(name + "="):
+                del args[i]
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _flag(args: list[str], *names: str) -> bool:
+    for name in names:
+        if name in args:
+            args.remove(name)
+            return True
+    return False
+
+
+class Smi:
+    def __init__(self, nvml: SimulatedNvml) -> None:
+        self.nvml = nvml
+        nvml.nvmlInit()
+        self.state: SimState = nvml.store.read()
+        self.gpus = profiles.simulated_gpus(self.state.layout(), self.state.seed)
+
+    def select(self, spec: str | None) -> list[profiles.SimulatedGpu]:
+        if spec is None:
+            return list(self.gpus)
+        chosen = []
+        for item in spec.split(","):
+            item = item.strip()
+            match = [
+                g
+                for g in self.gpus
+                if item in (str(g.index), g.uuid)
+                or (item.lower().endswith(g.pci_bus_id.lower()[-7:]) and ":" in item)
+            ]
+            if not match:
+                raise UsageError(f"No devices were found matching {item!r}")
+            chosen.extend(match)
+        return chosen
+
+    def handle(self, gpu: profiles.SimulatedGpu) -> Any:
+        return self.nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+
+    # ---- queries ----
+    def list_gpus(self) -> str:
+        lines = []
+        for gpu in self.gpus:
+            lines.append(f"GPU {gpu.index}: {gpu.profile.product_name} (UUID: {gpu.uuid})")
+            gstate = self.state.gpus[gpu.index]
+            if not gstate.mig_current:
+                continue
+            device = 0
+            for gi in gstate.gpu_instances:
+                spec = next(p for p in gpu.profile.mig_profiles if p.gi_profile_id == gi.profile_id)
+                for ci in gi.compute_instances:
+                    lines.append(f"  MIG {spec.name:<14} Device {device:>2}: (UUID: {ci.uuid})")
+                    device += 1
+        return "\n".join(lines)
+
+    def query(self, selected: list[profiles.SimulatedGpu]) -> str:
+        layout = self.state.layout()
+        cuda = layout.cuda_driver_version
+        out = [
+            "==============NVSMI LOG==============",
+            "",
+            f"Driver Version                            : {layout.driver_version}",
+            f"CUDA Version                              : {cuda // 1000}.{(cuda % 1000) // 10}",
+            "",
+            f"Attached GPUs                             : {len(self.gpus)}",
+        ]
+        for gpu in selected:
+            gstate = self.state.gpus[gpu.index]
+            profile = gpu.profile
+            mig = ("Enabled" if gstate.mig_current else "Disabled") if profile.mig_capable else "N/A"
+            pending = ("Enabled" if gstate.mig_pending else "Disabled") if profile.mig_capable else "N/A"
+            arch = profiles.ARCHITECTURE_NAMES.get(profile.architecture, "Unknown")
+            brand = {profiles.BRAND_TESLA: "Tesla", profiles.BRAND_NVIDIA: "NVIDIA"}.get(
+                profile.brand, "Unknown"
+            )
+            out += [
+                f"GPU {gpu.pci_bus_id}",
+                f"    Product Name                          : {profile.product_name}",
+                f"    Product Brand                         : {brand}",
+                f"    Product Architecture                  : {arch}",
+                "    MIG Mode",
+                f"        Current                           : {mig}",
+                f"        Pending                           : {pending}",
+                f"    GPU UUID                              : {gpu.uuid}",
+                f"    Minor Number                          : {gpu.minor}",
+                "    PCI",
+                f"        Bus                               : 0x{gpu.slot.pci_bus:02X}",
+                f"        Bus Id                            : {gpu.pci_bus_id}",
+                f"        Device Id                         : 0x{profile.pci_device_id:08X}",
+                "    FB Memory Usage",
+                f"        Total                             : {profile.memory_mib} MiB",
+                f"    Compute Mode                          : {_COMPUTE_MODE_NAMES[gstate.compute_mode]}",
+                "    Compute Policy",
+                f"        Timeslice                         : {_TIMESLICE_NAMES.get(gstate.timeslice, '?')}",
+                f"    Numa Node                             : "
+                f"{'N/A' if gpu.slot.numa_node is None else gpu.slot.numa_node}",
+                f"    Compute Capability                    : {profile.cuda_compute_capability[0]}."
+                f"{profile.cuda_compute_capability[1]}",
+                f"    Multiprocessor Count                  : {profile.multiprocessors}",
+                "",
+            ]
+        return "\n".join(out)
+
+    def mig_list_profiles(self, selected: list[profiles.SimulatedGpu], placements: bool) -> str:
+        rows: list[str] = []
+        for gpu in selected:
+            gstate = self.state.gpus[gpu.index]
+            if not gstate.mig_current:
+                continue
+            for spec in gpu.profile.mig_profiles:
+                if placements:
+                    where = ",".join(str(s) for s in spec.starts)
+                    rows.append(
+                        f"GPU {gpu.index:>2} Profile ID {spec.gi_profile_id:>2} Placements: "
+                        f"{{{where}}}:{spec.memory_slices}"
+                    )
+                else:
+                    free = self.nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(
+                        self.handle(gpu), spec.gi_profile_id
+                    )
+                    rows.append(
+                        f"|  {gpu.index:>2}  MIG {spec.name:<13} {spec.gi_profile_id:>3}  "
+                        f"{free:>2}/{spec.max_instances:<2}  {spec.memory_mib / 1024:>8.2f}   No  "
+                        f"{spec.multiprocessors:>4} {spec.decoders:>4} {spec.encoders:>4} | "
+                        f"CE {spec.copy_engines} JPEG {spec.jpeg_engines} OFA {spec.ofa_engines}"
+                    )
+        if not rows:
+            return "No MIG-enabled devices found."
+        return "\n".join(rows)
+
+    def mig_list_instances(self, selected: list[profiles.SimulatedGpu]) -> str:
+        rows = [
+            "| GPU   Name             Profile  Instance   Placement  |",
+            "|                          ID       ID       Start:Size |",
+        ]
+        count = 0
+        for gpu in selected:
+            for gi in self.state.gpus[gpu.index].gpu_instances:
+                spec = next(p for p in gpu.profile.mig_profiles if p.gi_profile_id == gi.profile_id)
+                rows.append(
+                    f"|  {gpu.index:>2}  MIG {spec.name:<13} {gi.profile_id:>3} {gi.gi_id:>9} "
+                    f"{gi.start:>9}:{gi.size}    |"
+                )
+                count += 1
+        if not count:
+            return "No GPU instances found: Not Found"
+        return "\n".join(rows)
+
+    # ---- changes ----
+    def set_compute_mode(self, selected: list[profiles.SimulatedGpu], mode_name: str) -> str:
+        mode = _COMPUTE_MODES.get(mode_name.upper())
+        if mode is None:
+            raise UsageError(f"invalid compute mode {mode_name!r} (DEFAULT, PROHIBITED, EXCLUSIVE_PROCESS)")
+        lines = []
+        for gpu in selected:
+            self.nvml.nvmlDeviceSetComputeMode(self.handle(gpu), mode)
+            lines.append(f"Compute mode set to {_COMPUTE_MODE_NAMES[mode].upper()} for GPU {gpu.pci_bus_id}.")
+        return "\n".join(lines)
+
+    def set_timeslice(self, selected: list[profiles.SimulatedGpu], value: str) -> str:
+        if value not in ("0", "1", "2", "3"):
+            raise UsageError(f"invalid timeslice {value!r}: 0 (default), 1 (short), 2 (medium), 3 (long)")
+        with self.nvml.store.transaction() as state:
+            for gpu in selected:
+                state.gpus[gpu.index].timeslice = int(value)
+        return "\n".join(
+            f"Set timeslice to {_TIMESLICE_NAMES[int(value)]} for GPU {gpu.pci_bus_id}." for gpu in selected
+        )
+
+    def set_mig_mode(self, selected: list[profiles.SimulatedGpu], value: str) -> str:
+        lines = []
+        for gpu in selected:
+            status = self.nvml.nvmlDeviceSetMigMode(self.handle(gpu), int(value))
+            word = "Enabled" if value == "1" else "Disabled"
+            lines.append(f"{word} MIG Mode for GPU {gpu.pci_bus_id}.")
+            if status == pynvml.NVML_ERROR_RESET_REQUIRED:
+                lines.append(
+                    f"Warning: MIG mode is in pending {word.lower()[:-1]} state for GPU {gpu.pci_bus_id}: "
+                    "a GPU reset is required"
+                )
+        return "\n".join(lines)
+
+    def reset(self, selected: list[profiles.SimulatedGpu]) -> str:
+        for gpu in selected:
+            self.nvml.reset_gpu(gpu.index)
+        return "\n".join(f"GPU {gpu.pci_bus_id} was successfully reset." for gpu in selected)
+
+
+def run(argv: Sequence[str], nvml: SimulatedNvml) -> tuple[int, str]:
+    args = list(argv)
+    smi = Smi(nvml)
+    if args and args[0] == "compute-policy":
+        args.pop(0)
+        target = smi.select(_option(args, "-i", "--id"))
+        value = _option(args, "--set-timeslice")
+        if value is None or args:
+            raise UsageError("usage: nvidia-smi compute-policy -i <id> --set-timeslice <0-3>")
+        return 0, smi.set_timeslice(target, value)
+    if args and args[0] == "mig":
+        args.pop(0)
+        target = smi.select(_option(args, "-i", "--id"))
+        if _flag(args, "-lgip", "--list-gpu-instance-profiles"):
+            return 0, smi.mig_list_profiles(target, placements=False)
+        if _flag(args, "-lgipp", "--list-gpu-instance-possible-placements"):
+            return 0, smi.mig_list_profiles(target, placements=True)
+        if _flag(args, "-lgi", "--list-gpu-instances"):
+            text = smi.mig_list_instances(target)
+            return (6 if text.startswith("No GPU instances") else 0), text
+        raise UsageError(f"unsupported mig arguments: {' '.join(args)}")
+    if _flag(args, "-L", "--list-gpus"):
+        return 0, smi.list_gpus()
+    target_spec = _option(args, "-i", "--id")
+    target = smi.select(target_spec)
+    mode = _option(args, "-c", "--compute-mode")
+    if mode is not None:
+        return 0, smi.set_compute_mode(target, mode)
+    mig = _option(args, "-mig", "--multi-instance-gpu")
+    if mig is not None:
+        if mig not in ("0", "1"):
+            raise UsageError("-mig takes 0 or 1")
+        return 0, smi.set_mig_mode(target, mig)
+    if _flag(args, "-r", "--gpu-reset"):
+        return 0, smi.reset(target)
+    if _flag(args, "-q", "--query"):
+        return 0, smi.query(target)
+    if not args:
+        return 0, smi.list_gpus()
+    raise UsageError(f"unsupported arguments: {' '.join(args)} (simulated nvidia-smi)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    root = os.environ.get("DRA_GPU_SIM_ROOT")
+    if not root:
+        print("nvidia-smi (simulated): DRA_GPU_SIM_ROOT is not set", file=sys.stderr)
+        return 9
+    try:
+        code, text = run(sys.argv[1:] if argv is None else argv, open_simulated_nvml(root))
+    except UsageError as err:
+        print(str(err), file=sys.stderr)
+        return 2
+    except pynvml.NVMLError as err:
+        print(f"Failed: {err}", file=sys.stderr)
+        return 3
+    except Exception as err:  # the state file is missing or unreadable: say so like the real tool would fail
+        print(
+            f"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver: {err}",
+            file=sys.stderr,
+        )
+        return 9
+    print(text)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,747 @@
+"""A `pynvml`-shaped object backed by the simulator state file.
+
+`SimulatedNvml` has the functions of `pynvml` that the driver uses, with the same argument conventions (ctypes
+out-arrays and `byref` counts), the same return shapes (pynvml's own ctypes structs, `str` for strings) and
+the same
+errors (`pynvml.NVMLError(code)`, which pynvml maps to its `NVMLError_*` subclasses). Every other attribute
+(constants, structs, error classes) is pynvml's own, so code written against pynvml runs unchanged on it.
+
+Behaviour modelled on hardware:
+- GPU-instance placements must be one of the profile's valid starts (else INVALID_ARGUMENT) and must not
+  overlap an
+  existing instance (else INSUFFICIENT_RESOURCES); the instance count per profile is capped at
+  `instanceCount`.
+- GPU-instance ids follow the placement (swizzle id), compute-instance ids count from 0 inside a GPU instance.
+- MIG calls on a GPU with MIG disabled fail with NOT_SUPPORTED; on a GPU without MIG with NOT_SUPPORTED.
+- Profile and placement queries work whatever the MIG mode (the driver inspects them before enabling MIG).
+- `nvmlDeviceSetMigMode`: Hopper+ switches immediately; Ampere only changes the pending mode (activation
+  status
+  RESET_REQUIRED) until `reset_gpu()`; disabling with instances present fails with IN_USE.
+- A GPU instance with compute instances cannot be destroyed (IN_USE).
+- Faults recorded in the state make a chosen function fail for a chosen GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import pynvml
+
+from dra_gpu.hardware import profiles
+from dra_gpu.hardware.simulator import handles
+from dra_gpu.hardware.simulator.handles import HandleRef
+from dra_gpu.hardware.simulator.state import (
+    ComputeInstanceState,
+    GpuInstanceState,
+    GpuState,
+    SimState,
+    StateStore,
+)
+
+_T = TypeVar("_T")
+
+# Compute-instance profile enum -> compute slices (the CI profile id equals the enum on hardware).
+_CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}
+# Compute-instance sizes a GPU instance of N compute slices offers (`nvidia-smi mig -lcip`).
+_CI_SIZES_FOR_GI = {1: (1,), 2: (1, 2), 3: (1, 2, 3), 4: (1, 2, 4), 7: (1, 2, 3, 4, 7)}
+MAX_MIG_DEVICES = 7
+_CORES_PER_SM = {
+    profiles.ARCH_TURING: 64,
+    profiles.ARCH_AMPERE: 64,
+    profiles.ARCH_ADA: 128,
+    profiles.ARCH_HOPPER: 128,
+}
+
+
+def _fail(code: int) -> NoReturn:
+    raise pynvml.NVMLError(code)
+
+
+def _bus_without_domain(bus_id: str) -> str:
+    """ "0000:07:00.0" and "00000000:07:00.0" name the same device: compare "07:00.0", case-insensitively."""
+    return bus_id.lower().rsplit(":", 2)[-2] + ":" + bus_id.lower().rsplit(":", 1)[-1]
+
+
+def _set_out(ref: Any, value: int) -> None:
+    """Write an integer through whatever pynvml callers pass as an out-count: byref(c_uint), pointer, or
+    c_uint."""
+    target = getattr(ref, "_obj", None)  # ctypes.byref(...) objects keep the referenced object here
+    if target is None:
+        target = ref.contents if hasattr(ref, "contents") else ref
+    target.value = value
+
+
+def _get_struct(ref: Any) -> Any:
+    target = getattr(ref, "_obj", None)
+    if target is not None:
+        return target
+    return ref.contents if isinstance(ref, ctypes._Pointer) else ref
+
+
+class SimulatedNvml:
+    """Stands in for the `pynvml` module. `state_path` is the JSON state file (created by
+    `StateStore.initialize`)."""
+
+    def __init__(
+        self, state_path: str | os.PathLike[str], after_change: Callable[[SimState], None] | None = None
+    ) -> None:
+        self.store = StateStore(state_path)
+        self._init_count = 0
+        self._after_change = after_change  # e.g. keep the driver root's MIG capability files in step
+
+    # ---- module-like fallbacks: constants, structs and errors are pynvml's own ----
+    def __getattr__(self, name: str) -> Any:
+        return getattr(pynvml, name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | set(dir(pynvml)))
+
+    # ---- plumbing ----
+    def _state(self) -> SimState:
+        if self._init_count <= 0:
+            _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+        return self.store.read()
+
+    def _gpus(self, state: SimState) -> tuple[profiles.SimulatedGpu, ...]:
+        return profiles.simulated_gpus(state.layout(), state.seed)
+
+    def _check_fault(self, state: SimState, gpu_index: int, function: str) -> None:
+        for fault in state.faults:
+            if fault.gpu_index == gpu_index and fault.function in (function, "*"):
+                _fail(fault.error)
+
+    def _device(self, handle: Any, function: str, *, allow_mig: bool = False) -> tuple[SimState, HandleRef]:
+        state = self._state()
+        ref = handles.decode(handle)
+        if ref is None or ref.kind not in (handles.KIND_DEVICE, handles.KIND_MIG_DEVICE):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if ref.gpu_index >= len(state.gpus):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if ref.kind == handles.KIND_MIG_DEVICE:
+            if not allow_mig:
+                _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            self._mig_instance(state, ref)  # stale MIG handles are invalid
+        self._check_fault(state, ref.gpu_index, function)
+        return state, ref
+
+    def _gpu(self, state: SimState, ref: HandleRef) -> tuple[profiles.SimulatedGpu, GpuState]:
+        return self._gpus(state)[ref.gpu_index], state.gpus[ref.gpu_index]
+
+    @staticmethod
+    def _find_gi(gpu: GpuState, gi_id: int) -> GpuInstanceState | None:
+        return next((gi for gi in gpu.gpu_instances if gi.gi_id == gi_id), None)
+
+    def _mig_instance(self, state: SimState, ref: HandleRef) -> tuple[GpuInstanceState, ComputeInstanceState]:
+        gpu = state.gpus[ref.gpu_index]
+        gi = self._find_gi(gpu, ref.gi_id)
+        ci = next((c for c in gi.compute_instances if c.ci_id == ref.ci_id), None) if gi else None
+        if gi is None or ci is None:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gi, ci
+
+    def _gi_handle(self, handle: Any, function: str) -> tuple[SimState, HandleRef, GpuInstanceState]:
+        state = self._state()
+        ref = handles.decode(handle)
+        if ref is None or ref.kind != handles.KIND_GPU_INSTANCE or ref.gpu_index >= len(state.gpus):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gi = self._find_gi(state.gpus[ref.gpu_index], ref.gi_id)
+        if gi is None:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        self._check_fault(state, ref.gpu_index, function)
+        return state, ref, gi
+
+    def _mig_profile_by_id(self, gpu: profiles.SimulatedGpu, profile_id: int) -> profiles.MigProfileSpec:
+        if not gpu.profile.mig_capable:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        spec = next((p for p in gpu.profile.mig_profiles if p.gi_profile_id == profile_id), None)
+        if spec is None:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return spec
+
+    def _require_mig_enabled(self, gpu: profiles.SimulatedGpu, gstate: GpuState) -> None:
+        if not gpu.profile.mig_capable or not gstate.mig_current:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _mutate(self, gpu_index: int, function: str, change: Callable[[SimState, GpuState], _T]) -> _T:
+        """Run `change` on a private copy of the state under the exclusive lock; saved only if it returns."""
+        if self._init_count <= 0:
+            _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+        with self.store.transaction() as state:
+            self._check_fault(state, gpu_index, function)
+            result = change(state, state.gpus[gpu_index])
+            if self._after_change is not None:
+                self._after_change(state)
+            return result
+
+    # ---- lifecycle and system ----
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.store.read()  # a missing or corrupt state file fails here, like a missing driver
+        self._init_count += 1
+
+    def nvmlInit(self) -> None:
+        self.nvmlInitWithFlags(0)
+
+    def nvmlShutdown(self) -> None:
+        if self._init_count <= 0:
+            _fail(pynvml.NVML_ERROR_UNINITIALIZED)
+        self._init_count -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self._state().layout().driver_version
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        layout = self._state().layout()
+        return f"{layout.cuda_driver_version // 1000}.{layout.driver_version}"
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self._state().layout().cuda_driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return self._state().layout().cuda_driver_version
+
+    # ---- enumeration ----
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._state().gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        state = self._state()
+        if not 0 <= index < len(state.gpus):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return handles.make(HandleRef(handles.KIND_DEVICE, index))
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> Any:
+        wanted = uuid.decode() if isinstance(uuid, bytes) else uuid
+        state = self._state()
+        for index, gpu in enumerate(state.gpus):
+            if gpu.uuid == wanted:
+                return handles.make(HandleRef(handles.KIND_DEVICE, index))
+            for gi in gpu.gpu_instances:
+                for ci in gi.compute_instances:
+                    if ci.uuid == wanted:
+                        return handles.make(HandleRef(handles.KIND_MIG_DEVICE, index, gi.gi_id, ci.ci_id))
+        _fail(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes) -> Any:
+        wanted = _bus_without_domain(bus_id.decode() if isinstance(bus_id, bytes) else bus_id)
+        for gpu in self._gpus(self._state()):
+            if _bus_without_domain(gpu.pci_bus_id) == wanted:
+                return handles.make(HandleRef(handles.KIND_DEVICE, gpu.index))
+        _fail(pynvml.NVML_ERROR_NOT_FOUND)
+
+    # ---- identity ----
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        state, ref = self._device(handle, "nvmlDeviceGetUUID", allow_mig=True)
+        if ref.kind == handles.KIND_MIG_DEVICE:
+            return self._mig_instance(state, ref)[1].uuid
+        return state.gpus[ref.gpu_index].uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        state, ref = self._device(handle, "nvmlDeviceGetName", allow_mig=True)
+        gpu, _ = self._gpu(state, ref)
+        if ref.kind == handles.KIND_MIG_DEVICE:
+            gi, _ci = self._mig_instance(state, ref)
+            return f"{gpu.profile.product_name} MIG {self._mig_profile_by_id(gpu, gi.profile_id).name}"
+        return gpu.profile.product_name
+
+    def nvmlDeviceGetBrand(self, handle: Any) -> int:
+        state, ref = self._device(handle, "nvmlDeviceGetBrand", allow_mig=True)
+        return self._gpu(state, ref)[0].profile.brand
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        state, ref = self._device(handle, "nvmlDeviceGetMinorNumber")
+        return self._gpu(state, ref)[0].minor
+
+    def nvmlDeviceGetIndex(self, handle: Any) -> int:
+        _state, ref = self._device(handle, "nvmlDeviceGetIndex")
+        return ref.gpu_index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
+        state, ref = self._device(handle, "nvmlDeviceGetMemoryInfo", allow_mig=True)
+        gpu, _ = self._gpu(state, ref)
+        if ref.kind == handles.KIND_MIG_DEVICE:
+            gi, _ci = self._mig_instance(state, ref)
+            total = self._mig_profile_by_id(gpu, gi.profile_id).memory_mib * 1024 * 1024
+        else:
+            total = gpu.profile.memory_mib * 1024 * 1024
+        reserved = min(total // 100, 512 * 1024 * 1024)  # the driver keeps a little for itself
+        if version:
+            memory = pynvml.c_nvmlMemory_v2_t()
+            memory.version = version
+            memory.total, memory.reserved, memory.used, memory.free = total, reserved, 0, total - reserved
+        else:
+            memory = pynvml.c_nvmlMemory_t()
+            memory.total, memory.used, memory.free = total, reserved, total - reserved
+        return memory
+
+    def nvmlDeviceGetPciInfo_v3(self, handle: Any) -> Any:
+        state, ref = self._device(handle, "nvmlDeviceGetPciInfo_v3")
+        gpu, _ = self._gpu(state, ref)
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = gpu.pci_bus_id.encode()
+        info.busIdLegacy = gpu.pci_bus_id.encode()
+        info.domain, info.bus, info.device = 0, gpu.slot.pci_bus, 0
+        info.pciDeviceId = gpu.profile.pci_device_id
+        info.pciSubSystemId = (gpu.profile.pci_device_id & 0xFFFF0000) | 0x10DE
+        return info
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        return self.nvmlDeviceGetPciInfo_v3(handle)
+
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
+        state, ref = self._device(handle, "nvmlDeviceGetNumaNodeId")
+        numa = self._gpu(state, ref)[0].slot.numa_node
+        if numa is None:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return numa
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
+        state, ref = self._device(handle, "nvmlDeviceGetCudaComputeCapability", allow_mig=True)
+        return self._gpu(state, ref)[0].profile.cuda_compute_capability
+
+    def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
+        state, ref = self._device(handle, "nvmlDeviceGetArchitecture", allow_mig=True)
+        return self._gpu(state, ref)[0].profile.architecture
+
+    def nvmlDeviceGetNumGpuCores(self, handle: Any) -> int:
+        state, ref = self._device(handle, "nvmlDeviceGetNumGpuCores")
+        profile = self._gpu(state, ref)[0].profile
+        return profile.multiprocessors * _CORES_PER_SM[profile.architecture]
+
+    def nvmlDeviceGetAttributes_v2(self, handle: Any) -> Any:
+        """Engine counts of a MIG device (NVML supports only MIG device handles here)."""
+        state, ref = self._device(handle, "nvmlDeviceGetAttributes_v2", allow_mig=True)
+        if ref.kind != handles.KIND_MIG_DEVICE:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        gpu, _ = self._gpu(state, ref)
+        gi, ci = self._mig_instance(state, ref)
+        spec = self._mig_profile_by_id(gpu, gi.profile_id)
+        attrs = pynvml.c_nvmlDeviceAttributes()
+        attrs.multiprocessorCount = spec.multiprocessors * ci.slice_count // spec.compute_slices
+        attrs.sharedCopyEngineCount, attrs.sharedDecoderCount = spec.copy_engines, spec.decoders
+        attrs.sharedEncoderCount, attrs.sharedJpegCount, attrs.sharedOfaCount = (
+            spec.encoders,
+            spec.jpeg_engines,
+            spec.ofa_engines,
+        )
+        attrs.gpuInstanceSliceCount, attrs.computeInstanceSliceCount = spec.compute_slices, ci.slice_count
+        attrs.memorySizeMB = spec.memory_mib
+        return attrs
+
+    def nvmlDeviceGetAttributes(self, handle: Any) -> Any:
+        return self.nvmlDeviceGetAttributes_v2(handle)
+
+    # ---- NVLink: every link of a GPU in an NVSwitch layout is up and ends at a switch ----
+    def _nvlink(self, handle: Any, link: int, function: str) -> profiles.SimulatedGpu:
+        state, ref = self._device(handle, function)
+        gpu = self._gpus(state)[ref.gpu_index]
+        if gpu.slot.interconnect is None or not gpu.profile.nvlinks:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < gpu.profile.nvlinks:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu
+
+    def nvmlDeviceGetNvLinkState(self, handle: Any, link: int) -> int:
+        self._nvlink(handle, link, "nvmlDeviceGetNvLinkState")
+        return int(pynvml.NVML_FEATURE_ENABLED)
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
+        self._nvlink(handle, link, "nvmlDeviceGetNvLinkRemoteDeviceType")
+        return int(pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+
+    # ---- compute mode ----
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        state, ref = self._device(handle, "nvmlDeviceGetComputeMode")
+        return state.gpus[ref.gpu_index].compute_mode
+
+    def nvmlDeviceSetComputeMode(self, handle: Any, mode: int) -> None:
+        _state, ref = self._device(handle, "nvmlDeviceSetComputeMode")
+        if mode not in (
+            pynvml.NVML_COMPUTEMODE_DEFAULT,
+            pynvml.NVML_COMPUTEMODE_PROHIBITED,
+            pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        ):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+
+        def change(_s: SimState, gpu: GpuState) -> None:
+            gpu.compute_mode = int(mode)
+
+        self._mutate(ref.gpu_index, "nvmlDeviceSetComputeMode", change)
+
+    # ---- MIG mode ----
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        state, ref = self._device(handle, "nvmlDeviceGetMigMode")
+        gpu, gstate = self._gpu(state, ref)
+        if not gpu.profile.mig_capable:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [int(gstate.mig_current), int(gstate.mig_pending)]
+
+    def nvmlDeviceSetMigMode(self, handle: Any, mode: int) -> int:
+        state, ref = self._device(handle, "nvmlDeviceSetMigMode")
+        gpu, _ = self._gpu(state, ref)
+        if not gpu.profile.mig_capable:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if mode not in (pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_ENABLE):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        enable = mode == pynvml.NVML_DEVICE_MIG_ENABLE
+
+        def change(_s: SimState, gstate: GpuState) -> int:
+            if not enable and gstate.gpu_instances:
+                _fail(pynvml.NVML_ERROR_IN_USE)
+            gstate.mig_pending = enable
+            if gpu.profile.mig_toggle_without_reset:
+                gstate.mig_current = enable
+                return int(pynvml.NVML_SUCCESS)
+            return int(
+                pynvml.NVML_SUCCESS if gstate.mig_current == enable else pynvml.NVML_ERROR_RESET_REQUIRED
+            )
+
+        return self._mutate(ref.gpu_index, "nvmlDeviceSetMigMode", change)
+
+    def reset_gpu(self, gpu_index: int) -> None:
+        """Simulated `nvidia-smi -r`: pending MIG mode becomes current, MIG instances vanish."""
+
+        def change(state: SimState, gstate: GpuState) -> None:
+            gstate.mig_current = gstate.mig_pending
+            gstate.gpu_instances = []
+            gstate.compute_mode = 0
+            state.resets += 1
+
+        self._mutate(gpu_index, "reset", change)
+
+    # ---- GPU-instance profiles and placements ----
+    def _profile_info(self, gpu: profiles.SimulatedGpu, spec: profiles.MigProfileSpec, version: int) -> Any:
+        info: Any = (
+            pynvml.c_nvmlGpuInstanceProfileInfo_v2_t()
+            if version == 2
+            else (pynvml.c_nvmlGpuInstanceProfileInfo_t())
+        )
+        info.id = spec.gi_profile_id
+        info.isP2pSupported = 0
+        info.sliceCount = spec.compute_slices
+        info.instanceCount = spec.max_instances
+        info.multiprocessorCount = spec.multiprocessors
+        info.copyEngineCount = spec.copy_engines
+        info.decoderCount = spec.decoders
+        info.encoderCount = spec.encoders
+        info.jpegCount = spec.jpeg_engines
+        info.ofaCount = spec.ofa_engines
+        info.memorySizeMB = spec.memory_mib
+        if version == 2:
+            info.name = f"MIG {spec.name}".encode()
+        return info
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: Any, profile: int, version: int = 2) -> Any:
+        state, ref = self._device(handle, "nvmlDeviceGetGpuInstanceProfileInfo")
+        gpu, _ = self._gpu(state, ref)
+        if version not in (1, 2):
+            _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if not 0 <= profile < pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        spec = next((p for p in gpu.profile.mig_profiles if p.gi_enum == profile), None)
+        if spec is None:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self._profile_info(gpu, spec, version)
+
+    def nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: Any, profile: int, version: int = 2) -> Any:
+        return self.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile, version)
+
+    def nvmlDeviceGetGpuInstanceProfileInfoById(self, handle: Any, profile_id: int) -> Any:
+        state, ref = self._device(handle, "nvmlDeviceGetGpuInstanceProfileInfoById")
+        gpu, _ = self._gpu(state, ref)
+        return self._profile_info(gpu, self._mig_profile_by_id(gpu, profile_id), 2)
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, handle: Any, profile_id: int, placements_ref: Any, count_ref: Any
+    ) -> int:
+        state, ref = self._device(handle, "nvmlDeviceGetGpuInstancePossiblePlacements")
+        gpu, _ = self._gpu(state, ref)
+        spec = self._mig_profile_by_id(gpu, profile_id)
+        _set_out(count_ref, len(spec.starts))
+        if placements_ref is not None:
+            if len(placements_ref) < len(spec.starts):
+                _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            for i, start in enumerate(spec.starts):
+                placements_ref[i].start, placements_ref[i].size = start, spec.memory_slices
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlDeviceGetGpuInstanceRemainingCapacity(self, handle: Any, profile_id: int) -> int:
+        state, ref = self._device(handle, "nvmlDeviceGetGpuInstanceRemainingCapacity")
+        gpu, gstate = self._gpu(state, ref)
+        spec = self._mig_profile_by_id(gpu, profile_id)
+        self._require_mig_enabled(gpu, gstate)
+        return sum(1 for start in spec.starts if self._placement_free(gpu, gstate, spec, start) is None)
+
+    @staticmethod
+    def _placement_free(
+        gpu: profiles.SimulatedGpu, gstate: GpuState, spec: profiles.MigProfileSpec, start: int
+    ) -> int | None:
+        """None when a new instance of `spec` fits at `start`, else the NVML error code that says why not."""
+        if start not in spec.starts:
+            return int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        wanted = set(range(start, start + spec.memory_slices))
+        used_compute = 0
+        for gi in gstate.gpu_instances:
+            if wanted & set(range(gi.start, gi.start + gi.size)):
+                return int(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            other = next(p for p in gpu.profile.mig_profiles if p.gi_profile_id == gi.profile_id)
+            used_compute += other.compute_slices
+        same = sum(1 for gi in gstate.gpu_instances if gi.profile_id == spec.gi_profile_id)
+        if same >= spec.max_instances or used_compute + spec.compute_slices > profiles.COMPUTE_SLICES:
+            return int(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        # engines that a profile needs all of (+me's OFA/JPEG on A100) are exclusive
+        used_ofa = sum(
+            next(p for p in gpu.profile.mig_profiles if p.gi_profile_id == gi.profile_id).ofa_engines
+            for gi in gstate.gpu_instances
+        )
+        total_ofa = max(p.ofa_engines for p in gpu.profile.mig_profiles)
+        if spec.ofa_engines and used_ofa + spec.ofa_engines > total_ofa:
+            return int(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+        return None
+
+    def _create_gi(
+        self, ref: HandleRef, spec: profiles.MigProfileSpec, start: int | None, function: str
+    ) -> Any:
+        gpu = self._gpus(self._state())[ref.gpu_index]
+
+        def change(_s: SimState, gstate: GpuState) -> int:
+            self._require_mig_enabled(gpu, gstate)
+            if start is None:
+                chosen = next(
+                    (s for s in spec.starts if self._placement_free(gpu, gstate, spec, s) is None), None
+                )
+                if chosen is None:
+                    _fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            else:
+                chosen = start
+                problem = self._placement_free(gpu, gstate, spec, chosen)
+                if problem is not None:
+                    _fail(problem)
+            gi_id = profiles.gpu_instance_id(chosen, spec.memory_slices)
+            gstate.gpu_instances.append(
+                GpuInstanceState(gi_id, spec.gi_profile_id, chosen, spec.memory_slices)
+            )
+            gstate.gpu_instances.sort(key=lambda g: g.gi_id)
+            return gi_id
+
+        gi_id = self._mutate(ref.gpu_index, function, change)
+        return handles.make(HandleRef(handles.KIND_GPU_INSTANCE, ref.gpu_index, gi_id))
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: Any, profile_id: int, placement: Any) -> Any:
+        state, ref = self._device(handle, "nvmlDeviceCreateGpuInstanceWithPlacement")
+        gpu, _ = self._gpu(state, ref)
+        spec = self._mig_profile_by_id(gpu, profile_id)
+        wanted = _get_struct(placement)
+        if wanted.size not in (0, spec.memory_slices):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self._create_gi(ref, spec, int(wanted.start), "nvmlDeviceCreateGpuInstanceWithPlacement")
+
+    def nvmlDeviceCreateGpuInstance(self, handle: Any, profile_id: int) -> Any:
+        state, ref = self._device(handle, "nvmlDeviceCreateGpuInstance")
+        gpu, _ = self._gpu(state, ref)
+        return self._create_gi(
+            ref, self._mig_profile_by_id(gpu, profile_id), None, "nvmlDeviceCreateGpuInstance"
+        )
+
+    def nvmlDeviceGetGpuInstances(
+        self, handle: Any, profile_id: int, instances_ref: Any, count_ref: Any
+    ) -> int:
+        state, ref = self._device(handle, "nvmlDeviceGetGpuInstances")
+        gpu, gstate = self._gpu(state, ref)
+        self._mig_profile_by_id(gpu, profile_id)
+        self._require_mig_enabled(gpu, gstate)
+        found = [gi for gi in gstate.gpu_instances if gi.profile_id == profile_id]
+        if instances_ref is not None:
+            if len(instances_ref) < len(found):
+                _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            for i, gi in enumerate(found):
+                instances_ref[i] = handles.make(HandleRef(handles.KIND_GPU_INSTANCE, ref.gpu_index, gi.gi_id))
+        _set_out(count_ref, len(found))
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: Any, gi_id: int) -> Any:
+        state, ref = self._device(handle, "nvmlDeviceGetGpuInstanceById")
+        gpu, gstate = self._gpu(state, ref)
+        self._require_mig_enabled(gpu, gstate)
+        if self._find_gi(gstate, gi_id) is None:
+            _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        return handles.make(HandleRef(handles.KIND_GPU_INSTANCE, ref.gpu_index, gi_id))
+
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: Any) -> Any:
+        _state, ref, gi = self._gi_handle(gpu_instance, "nvmlGpuInstanceGetInfo")
+        info = pynvml.c_nvmlGpuInstanceInfo_t()
+        info.device = handles.make(HandleRef(handles.KIND_DEVICE, ref.gpu_index))
+        info.id, info.profileId = gi.gi_id, gi.profile_id
+        info.placement.start, info.placement.size = gi.start, gi.size
+        return info
+
+    def nvmlGpuInstanceDestroy(self, gpu_instance: Any) -> int:
+        _state, ref, _gi = self._gi_handle(gpu_instance, "nvmlGpuInstanceDestroy")
+
+        def change(_s: SimState, gstate: GpuState) -> None:
+            gi = self._find_gi(gstate, ref.gi_id)
+            if gi is None:
+                _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            if gi.compute_instances:
+                _fail(pynvml.NVML_ERROR_IN_USE)
+            gstate.gpu_instances.remove(gi)
+
+        self._mutate(ref.gpu_index, "nvmlGpuInstanceDestroy", change)
+        return int(pynvml.NVML_SUCCESS)
+
+    # ---- compute instances ----
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gpu_instance: Any, profile: int, eng_profile: int, version: int = 2
+    ) -> Any:
+        state, ref, gi = self._gi_handle(gpu_instance, "nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        gpu = self._gpus(state)[ref.gpu_index]
+        spec = self._mig_profile_by_id(gpu, gi.profile_id)
+        if eng_profile != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED or version not in (1, 2):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        slices = _CI_PROFILE_SLICES.get(profile)
+        if slices is None or slices not in _CI_SIZES_FOR_GI[spec.compute_slices]:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info: Any = (
+            pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
+            if version == 2
+            else (pynvml.c_nvmlComputeInstanceProfileInfo_t())
+        )
+        info.id = profile
+        info.sliceCount = slices
+        info.instanceCount = spec.compute_slices // slices
+        info.multiprocessorCount = spec.multiprocessors * slices // spec.compute_slices
+        info.sharedCopyEngineCount, info.sharedDecoderCount = spec.copy_engines, spec.decoders
+        info.sharedEncoderCount, info.sharedJpegCount = spec.encoders, spec.jpeg_engines
+        info.sharedOfaCount = spec.ofa_engines
+        if version == 2:
+            prefix = "" if slices == spec.compute_slices else f"{slices}c."
+            info.name = f"MIG {prefix}{spec.name}".encode()
+        return info
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfoV(
+        self, gpu_instance: Any, profile: int, eng_profile: int, version: int = 2
+    ) -> Any:
+        return self.nvmlGpuInstanceGetComputeInstanceProfileInfo(gpu_instance, profile, eng_profile, version)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpu_instance: Any, profile_id: int) -> Any:
+        state, ref, gi0 = self._gi_handle(gpu_instance, "nvmlGpuInstanceCreateComputeInstance")
+        gpu = self._gpus(state)[ref.gpu_index]
+        spec = self._mig_profile_by_id(gpu, gi0.profile_id)
+        slices = _CI_PROFILE_SLICES.get(profile_id)
+        if slices is None or slices not in _CI_SIZES_FOR_GI[spec.compute_slices]:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+        def change(s: SimState, gstate: GpuState) -> int:
+            gi = self._find_gi(gstate, ref.gi_id)
+            if gi is None:
+                _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            if sum(c.slice_count for c in gi.compute_instances) + slices > spec.compute_slices:
+                _fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
+            used = {c.ci_id for c in gi.compute_instances}
+            ci_id = next(i for i in range(16) if i not in used)
+            s.mig_serial += 1
+            uuid = profiles.mig_uuid(gstate.uuid, gi.gi_id, ci_id, s.mig_serial)
+            gi.compute_instances.append(ComputeInstanceState(ci_id, profile_id, slices, uuid))
+            gi.compute_instances.sort(key=lambda c: c.ci_id)
+            return ci_id
+
+        ci_id = self._mutate(ref.gpu_index, "nvmlGpuInstanceCreateComputeInstance", change)
+        return handles.make(HandleRef(handles.KIND_COMPUTE_INSTANCE, ref.gpu_index, ref.gi_id, ci_id))
+
+    def nvmlGpuInstanceGetComputeInstances(
+        self, gpu_instance: Any, profile_id: int, instances_ref: Any, count_ref: Any
+    ) -> int:
+        _state, ref, gi = self._gi_handle(gpu_instance, "nvmlGpuInstanceGetComputeInstances")
+        found = [c for c in gi.compute_instances if c.profile_id == profile_id]
+        if instances_ref is not None:
+            if len(instances_ref) < len(found):
+                _fail(pynvml.NVML_ERROR_INSUFFICIENT_SIZE)
+            for i, ci in enumerate(found):
+                instances_ref[i] = handles.make(
+                    HandleRef(handles.KIND_COMPUTE_INSTANCE, ref.gpu_index, gi.gi_id, ci.ci_id)
+                )
+        _set_out(count_ref, len(found))
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpu_instance: Any, ci_id: int) -> Any:
+        _state, ref, gi = self._gi_handle(gpu_instance, "nvmlGpuInstanceGetComputeInstanceById")
+        if not any(c.ci_id == ci_id for c in gi.compute_instances):
+            _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        return handles.make(HandleRef(handles.KIND_COMPUTE_INSTANCE, ref.gpu_index, gi.gi_id, ci_id))
+
+    def _ci_handle(self, handle: Any, function: str) -> tuple[HandleRef, ComputeInstanceState]:
+        state = self._state()
+        ref = handles.decode(handle)
+        if ref is None or ref.kind != handles.KIND_COMPUTE_INSTANCE or ref.gpu_index >= len(state.gpus):
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        _gi, ci = self._mig_instance(state, ref)
+        self._check_fault(state, ref.gpu_index, function)
+        return ref, ci
+
+    def nvmlComputeInstanceGetInfo_v2(self, compute_instance: Any) -> Any:
+        ref, ci = self._ci_handle(compute_instance, "nvmlComputeInstanceGetInfo_v2")
+        info = pynvml.c_nvmlComputeInstanceInfo_t()
+        info.device = handles.make(HandleRef(handles.KIND_MIG_DEVICE, ref.gpu_index, ref.gi_id, ci.ci_id))
+        info.gpuInstance = handles.make(HandleRef(handles.KIND_GPU_INSTANCE, ref.gpu_index, ref.gi_id))
+        info.id, info.profileId = ci.ci_id, ci.profile_id
+        info.placement.start, info.placement.size = 0, ci.slice_count
+        return info
+
+    def nvmlComputeInstanceGetInfo(self, compute_instance: Any) -> Any:
+        return self.nvmlComputeInstanceGetInfo_v2(compute_instance)
+
+    def nvmlComputeInstanceDestroy(self, compute_instance: Any) -> int:
+        ref, _ci = self._ci_handle(compute_instance, "nvmlComputeInstanceDestroy")
+
+        def change(_s: SimState, gstate: GpuState) -> None:
+            gi = self._find_gi(gstate, ref.gi_id)
+            ci = next((c for c in gi.compute_instances if c.ci_id == ref.ci_id), None) if gi else None
+            if gi is None or ci is None:
+                _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            gi.compute_instances.remove(ci)
+
+        self._mutate(ref.gpu_index, "nvmlComputeInstanceDestroy", change)
+        return int(pynvml.NVML_SUCCESS)
+
+    # ---- MIG device handles ----
+    def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> Any:
+        _state, ref = self._device(handle, "nvmlDeviceIsMigDeviceHandle", allow_mig=True)
+        return ctypes.c_uint(int(ref.kind == handles.KIND_MIG_DEVICE))  # pynvml returns the c_uint itself
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: Any) -> int:
+        state, ref = self._device(handle, "nvmlDeviceGetMaxMigDeviceCount")
+        if not self._gpu(state, ref)[0].profile.mig_capable:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: Any, index: int) -> Any:
+        state, ref = self._device(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+        gpu, gstate = self._gpu(state, ref)
+        self._require_mig_enabled(gpu, gstate)
+        devices = [(gi.gi_id, ci.ci_id) for gi in gstate.gpu_instances for ci in gi.compute_instances]
+        if not 0 <= index < MAX_MIG_DEVICES:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(devices):
+            _fail(pynvml.NVML_ERROR_NOT_FOUND)
+        gi_id, ci_id = devices[index]
+        return handles.make(HandleRef(handles.KIND_MIG_DEVICE, ref.gpu_index, gi_id, ci_id))
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, mig_handle: Any) -> Any:
+        _state, ref = self._device(mig_handle, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", allow_mig=True)
+        if ref.kind != handles.KIND_MIG_DEVICE:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return handles.make(HandleRef(handles.KIND_DEVICE, ref.gpu_index))
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: Any) -> int:
+        _state, ref = self._device(handle, "nvmlDeviceGetGpuInstanceId", allow_mig=True)
+        if ref.kind != handles.KIND_MIG_DEVICE:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return ref.gi_id
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: Any) -> int:
+        _state, ref = self._device(handle, "nvmlDeviceGetComputeInstanceId", allow_mig=True)
+        if ref.kind != handles.KIND_MIG_DEVICE:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return ref.ci_id

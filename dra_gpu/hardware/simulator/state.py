@@ -1,0 +1,225 @@
+"""The simulator's persistent state: one JSON file guarded by an fcntl lock.
+
+Everything that can change on real hardware (MIG mode, GPU/compute instances, compute mode, time-slice, MPS
+records, injected faults) lives here, so the plugin, the fake `nvidia-smi`/`nvidia-cuda-mps-control` and the
+tests
+in other processes all see one machine. What cannot change (the GPUs themselves) is derived from `hardware` +
+`seed`
+through `dra_gpu.hardware.profiles`.
+
+Writes replace the file atomically (write to a temporary file, then rename) under an exclusive lock on a
+separate
+lock file and bump a write counter kept in that lock file; reads take a shared lock and reuse the parsed state
+while
+the counter is unchanged (file timestamps are too coarse to tell two quick writes apart), which keeps
+discovery of a
+DGX at a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dra_gpu.hardware import profiles
+
+STATE_FORMAT = 1
+
+
+@dataclass
+class ComputeInstanceState:
+    ci_id: int
+    profile_id: int  # NVML_COMPUTE_INSTANCE_PROFILE_* (the CI profile id equals the enum)
+    slice_count: int
+    uuid: str  # the MIG device UUID of this compute instance
+
+
+@dataclass
+class GpuInstanceState:
+    gi_id: int
+    profile_id: int  # GI profile id (info.id: 19, 20, 15, ...)
+    start: int
+    size: int
+    compute_instances: list[ComputeInstanceState] = field(default_factory=list)
+
+
+@dataclass
+class GpuState:
+    uuid: str
+    mig_current: bool = False
+    mig_pending: bool = False
+    compute_mode: int = 0
+    timeslice: int = 0  # nvidia-smi compute-policy --set-timeslice value (0 = default)
+    gpu_instances: list[GpuInstanceState] = field(default_factory=list)
+
+
+@dataclass
+class Fault:
+    """Make `function` fail with NVML error `error` for the GPU at `gpu_index` ("*" = every function)."""
+
+    gpu_index: int
+    function: str
+    error: int
+
+
+@dataclass
+class SimState:
+    hardware: str
+    seed: str
+    gpus: list[GpuState]
+    mig_serial: int = 0  # bumps on every MIG device creation, so re-created devices get new UUIDs
+    resets: int = 0
+    mps: dict[str, Any] = field(default_factory=dict)  # owned by the fake nvidia-cuda-mps-control
+    faults: list[Fault] = field(default_factory=list)
+    format: int = STATE_FORMAT
+
+    def layout(self) -> profiles.NodeLayout:
+        return profiles.resolve_layout(self.hardware)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> SimState:
+        gpus = [
+            GpuState(
+                uuid=g["uuid"],
+                mig_current=g["mig_current"],
+                mig_pending=g["mig_pending"],
+                compute_mode=g["compute_mode"],
+                timeslice=g["timeslice"],
+                gpu_instances=[
+                    GpuInstanceState(
+                        gi_id=gi["gi_id"],
+                        profile_id=gi["profile_id"],
+                        start=gi["start"],
+                        size=gi["size"],
+                        compute_instances=[ComputeInstanceState(**ci) for ci in gi["compute_instances"]],
+                    )
+                    for gi in g["gpu_instances"]
+                ],
+            )
+            for g in data["gpus"]
+        ]
+        return SimState(
+            hardware=data["hardware"],
+            seed=data["seed"],
+            gpus=gpus,
+            mig_serial=data.get("mig_serial", 0),
+            resets=data.get("resets", 0),
+            mps=dict(data.get("mps", {})),
+            faults=[Fault(**f) for f in data.get("faults", [])],
+            format=data.get("format", STATE_FORMAT),
+        )
+
+
+def fresh_state(hardware: str, seed: str) -> SimState:
+    """Power-on state: MIG disabled, no instances, default compute mode and time-slice."""
+    layout = profiles.resolve_layout(hardware)
+    gpus = [GpuState(uuid=g.uuid) for g in profiles.simulated_gpus(layout, seed)]
+    return SimState(hardware=hardware, seed=seed, gpus=gpus)
+
+
+class StateError(RuntimeError):
+    pass
+
+
+class StateStore:
+    """Locked access to one state file. Safe across processes (fcntl) and threads (a process-local lock)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock_path = self.path.with_name(self.path.name + ".lock")
+        self._thread_lock = threading.RLock()
+        self._cache_key: tuple[int, int] | None = None
+        self._lock_fd: int | None = None
+        self._cache: SimState | None = None
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def initialize(self, hardware: str, seed: str, *, force: bool = False) -> SimState:
+        """Create the state file for `hardware` unless one exists for the same hardware (then keep it)."""
+        with self._locked(exclusive=True):
+            if self.path.is_file() and not force:
+                current = self._load_unlocked()
+                if current.hardware != hardware or current.seed != seed:
+                    raise StateError(
+                        f"{self.path} already simulates hardware {current.hardware!r} "
+                        f"(seed {current.seed!r}), "
+                        f"not {hardware!r} (seed {seed!r}); pass force=True (--force) to start over"
+                    )
+                return current
+            state = fresh_state(hardware, seed)
+            self._save_unlocked(state)
+            return state
+
+    def read(self) -> SimState:
+        """The current state. Callers must not mutate it (it is shared with later reads)."""
+        with self._locked(exclusive=False):
+            return self._load_unlocked()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[SimState]:
+        """Exclusive read-modify-write: mutate the yielded state; it is saved when the block exits
+        normally."""
+        with self._locked(exclusive=True):
+            state = SimState.from_json(self._load_unlocked().to_json())  # private copy
+            yield state
+            self._save_unlocked(state)
+
+    @contextlib.contextmanager
+    def _locked(self, *, exclusive: bool) -> Iterator[None]:
+        with self._thread_lock:
+            self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+                self._lock_fd = fd
+                yield
+            finally:
+                self._lock_fd = None
+                os.close(fd)  # closing releases the flock
+
+    def _load_unlocked(self) -> SimState:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise StateError(
+                f"simulator state {self.path} does not exist: run 'dra-gpu hardware init-sim' first"
+            ) from None
+        key = (st.st_ino, self._write_counter())
+        if self._cache is not None and self._cache_key == key:
+            return self._cache
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise StateError(f"simulator state {self.path} is unreadable: {err}") from err
+        if data.get("format") != STATE_FORMAT:
+            raise StateError(
+                f"simulator state {self.path} has format {data.get('format')}, expected {STATE_FORMAT}"
+            )
+        state = SimState.from_json(data)
+        self._cache, self._cache_key = state, key
+        return state
+
+    def _save_unlocked(self, state: SimState) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(state.to_json(), indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+        self._cache, self._cache_key = None, None
+        assert self._lock_fd is not None
+        os.pwrite(self._lock_fd, str(self._write_counter() + 1).encode().ljust(20), 0)
+
+    def _write_counter(self) -> int:
+        assert self._lock_fd is not None
+        raw = os.pread(self._lock_fd, 20, 0).strip()
+        return int(raw) if raw else 0

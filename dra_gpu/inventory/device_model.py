@@ -1,0 +1,266 @@
+"""DiscoveryResult -> DeviceModel: what the node offers, in DRA terms (pure).
+
+What each GPU contributes:
+- whole GPU `gpu-<minor>` (type `gpu`), unless the GPU is in MIG mode and cannot leave it at run time (Ampere
+  with
+  MIG enabled), or, with static MIG, whenever MIG is enabled;
+- dynamic MIG (`ModelOptions.dynamic_mig`): every (profile, placement) pair as a `mig` device, on GPUs that
+  can
+  create MIG devices now: Hopper+ whatever the MIG mode (the plugin enables MIG on demand), Ampere only while
+  MIG is
+  already enabled (enabling it needs a GPU reset). Instances that already exist are not published separately:
+  in
+  dynamic mode they belong to prepared claims (the plugin destroys the others at start-up);
+- static MIG (dynamic_mig off): the MIG devices that exist now (type `mig`, with their `uuid`); MIG enabled
+  without
+  instances contributes nothing and a warning;
+- fractional share `gpu-<minor>-shared` (type `gpu-share`, `ModelOptions.fractional`) wherever the whole GPU
+  is
+  published: `allowMultipleAllocations`, consumable `memory` and `compute` (percent of SMs).
+
+Exclusion comes only from counters (set `gpu-<minor>-counter-set`): the whole GPU and the share device consume
+every
+counter, a MIG device its engines, memory and `memory-slice-<i>` counters (see `mig_geometry`).
+
+Order (the scheduler takes the first device that fits, within a slice in list order): GPUs by minor number
+(numeric,
+not string order); per GPU the whole GPU, then MIG devices profile by profile in NVML's order with the
+placements of
+a profile from the highest start to the lowest, then the share device. Highest start first fills memory from
+the top,
+keeping the low starts that the large profiles need (4g and 7g only fit at 0) free as long as possible.
+
+Attributes: NVIDIA's names and types (`type`, `uuid`, `productName`, `brand`, `architecture`,
+`cudaComputeCapability`, `driverVersion`, `cudaDriverVersion`, `resource.kubernetes.io/pciBusID`,
+`resource.kubernetes.io/pcieRoot`, and on MIG `parentUUID`, `profile`) plus ours: `numaNode` (int, -1 when the
+platform reports none), `interconnect` (`nvswitch-0`, `nvlink` or `pcie`), and on MIG `placementStart`,
+`memorySlices`, `computeSlices` (ints). Dynamic MIG devices have no `uuid` (the instance does not exist yet);
+otherwise every device of one type has the same attribute set.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dra_gpu.hardware.types import DiscoveryResult, GpuInfo, MigInstance, MigProfileInfo
+from dra_gpu.inventory import mig_geometry, naming
+from dra_gpu.inventory.model import (
+    Attribute,
+    Capacity,
+    CounterConsumption,
+    CounterSet,
+    Device,
+    DeviceKind,
+    DeviceModel,
+    MigSpec,
+    RequestPolicy,
+)
+
+GIB = 1024 * 1024 * 1024
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+SHARE_COMPUTE_PERCENT = 100
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    dynamic_mig: bool = True
+    fractional: bool = True
+    share_memory_step: int = GIB  # smallest memory a share request may ask for, and its granularity
+    share_compute_min: int = 5  # percent of SMs
+    share_compute_default: int = 10
+
+
+_VERSION_PARTS = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?")
+
+
+def semver(version: str) -> str:
+    """A driver version as strict semver: "535.183.01" -> "535.183.1", "550.54" -> "550.54.0"."""
+    match = _VERSION_PARTS.match(version)
+    if match is None:
+        return "0.0.0"
+    return ".".join(str(int(part or 0)) for part in match.groups())
+
+
+def _common_attributes(gpu: GpuInfo, discovery: DiscoveryResult) -> dict[str, Attribute]:
+    cc_major, cc_minor = gpu.cuda_compute_capability
+    cuda_major, cuda_minor = discovery.cuda_driver_version
+    attrs = {
+        "productName": Attribute("string", gpu.product_name[:64]),
+        "brand": Attribute("string", gpu.brand),
+        "architecture": Attribute("string", gpu.architecture),
+        "cudaComputeCapability": Attribute("version", f"{cc_major}.{cc_minor}.0"),
+        "driverVersion": Attribute("version", semver(discovery.driver_version)),
+        "cudaDriverVersion": Attribute("version", f"{cuda_major}.{cuda_minor}.0"),
+        PCI_BUS_ID: Attribute("string", gpu.pci_bus_id),
+        "numaNode": Attribute("int", -1 if gpu.numa_node is None else gpu.numa_node),
+        "interconnect": Attribute("string", gpu.interconnect or "pcie"),
+    }
+    if gpu.pcie_root:
+        attrs[PCIE_ROOT] = Attribute("string", gpu.pcie_root)
+    return attrs
+
+
+def _dynamic_mig_possible(gpu: GpuInfo) -> bool:
+    return gpu.mig_capable and bool(gpu.mig_profiles) and (gpu.mig_toggle_without_reset or gpu.mig_enabled)
+
+
+def _publishes_whole_gpu(gpu: GpuInfo, options: ModelOptions) -> bool:
+    if not gpu.mig_enabled:
+        return True
+    return options.dynamic_mig and gpu.mig_toggle_without_reset
+
+
+def _counter_set(gpu: GpuInfo, with_mig: bool) -> CounterSet:
+    counters: dict[str, int] = {"multiprocessors": gpu.multiprocessors, "memory": gpu.memory_bytes}
+    if with_mig:
+        totals = mig_geometry.max_configuration_totals(gpu.mig_profiles)
+        for _capacity, name, _field in mig_geometry.ENGINE_DIMENSIONS:
+            counters[name] = max(counters.get(name, 0), totals[name])
+        counters["memory"] = max(counters["memory"], totals["memory"])
+        for i in range(mig_geometry.memory_slice_count(gpu.mig_profiles)):
+            counters[naming.memory_slice_counter(i)] = 1
+    return CounterSet(naming.counter_set_name(gpu.minor), counters)
+
+
+def _consume_all(counter_set: CounterSet) -> tuple[CounterConsumption, ...]:
+    return (CounterConsumption(counter_set.name, {k: v for k, v in counter_set.counters.items() if v > 0}),)
+
+
+def _mig_device(
+    gpu: GpuInfo,
+    discovery: DiscoveryResult,
+    profile: MigProfileInfo,
+    start: int,
+    counter_set: CounterSet | None,
+    instance: MigInstance | None,
+) -> Device:
+    attrs: dict[str, Attribute] = {"type": Attribute("string", "mig")}
+    if instance is not None:
+        attrs["uuid"] = Attribute("string", instance.uuid)
+    attrs["parentUUID"] = Attribute("string", gpu.uuid)
+    attrs["profile"] = Attribute("string", profile.name)
+    attrs.update(_common_attributes(gpu, discovery))
+    attrs["placementStart"] = Attribute("int", start)
+    attrs["memorySlices"] = Attribute("int", profile.memory_slices)
+    attrs["computeSlices"] = Attribute("int", profile.compute_slices)
+    capacity = {"memory": Capacity(profile.memory_mib * mig_geometry.MIB, binary_si=True)}
+    for cap_name, _counter, field in mig_geometry.ENGINE_DIMENSIONS:
+        capacity[cap_name] = Capacity(int(getattr(profile, field)))
+    consumes: tuple[CounterConsumption, ...] = ()
+    if counter_set is not None:
+        placement = mig_geometry.Placement(profile, start)
+        amounts = {name: placement.amount(name) for name in counter_set.counters}
+        consumes = (CounterConsumption(counter_set.name, {k: v for k, v in amounts.items() if v > 0}),)
+    return Device(
+        name=naming.mig_device_name(gpu.minor, profile.name, profile.gi_profile_id, start),
+        kind=DeviceKind.MIG_STATIC if instance is not None else DeviceKind.MIG_DYNAMIC,
+        parent_uuid=gpu.uuid,
+        parent_minor=gpu.minor,
+        attributes=attrs,
+        capacity=capacity,
+        consumes_counters=consumes,
+        mig=MigSpec(
+            profile=profile.name,
+            gi_profile_id=profile.gi_profile_id,
+            placement_start=start,
+            placement_size=profile.memory_slices,
+            uuid=instance.uuid if instance else None,
+            gi_id=instance.gi_id if instance else None,
+            ci_id=instance.ci_id if instance else None,
+        ),
+    )
+
+
+def _gpu_devices(
+    gpu: GpuInfo, discovery: DiscoveryResult, options: ModelOptions
+) -> tuple[list[Device], CounterSet | None, list[str]]:
+    warnings: list[str] = []
+    whole = _publishes_whole_gpu(gpu, options)
+    dynamic = options.dynamic_mig and _dynamic_mig_possible(gpu)
+    share = whole and options.fractional
+    counter_set = _counter_set(gpu, with_mig=dynamic) if (dynamic or share) else None
+    common = _common_attributes(gpu, discovery)
+    devices: list[Device] = []
+    if whole:
+        attrs = {"type": Attribute("string", "gpu"), "uuid": Attribute("string", gpu.uuid), **common}
+        devices.append(
+            Device(
+                name=naming.gpu_device_name(gpu.minor),
+                kind=DeviceKind.GPU,
+                parent_uuid=gpu.uuid,
+                parent_minor=gpu.minor,
+                attributes=attrs,
+                capacity={
+                    "memory": Capacity(gpu.memory_bytes, binary_si=True),
+                    "multiprocessors": Capacity(gpu.multiprocessors),
+                },
+                consumes_counters=_consume_all(counter_set) if counter_set else (),
+            )
+        )
+    if dynamic:
+        for profile in gpu.mig_profiles:
+            for placement in sorted(profile.placements, key=lambda p: -p.start):
+                devices.append(_mig_device(gpu, discovery, profile, placement.start, counter_set, None))
+    elif gpu.mig_enabled:
+        if not gpu.mig_instances:
+            warnings.append(
+                f"GPU {gpu.minor} ({gpu.uuid}) has MIG enabled but no MIG devices: nothing to publish"
+            )
+        by_id = {p.gi_profile_id: p for p in gpu.mig_profiles}
+        for instance in sorted(gpu.mig_instances, key=lambda m: (m.gi_id, m.ci_id)):
+            known = by_id.get(instance.gi_profile_id)
+            if known is None:
+                warnings.append(
+                    f"GPU {gpu.minor}: MIG device {instance.uuid} has unknown profile id "
+                    f"{instance.gi_profile_id}; not published"
+                )
+                continue
+            devices.append(_mig_device(gpu, discovery, known, instance.placement.start, None, instance))
+    if share:
+        memory_min = min(options.share_memory_step, gpu.memory_bytes)
+        attrs = {"type": Attribute("string", "gpu-share"), "uuid": Attribute("string", gpu.uuid), **common}
+        devices.append(
+            Device(
+                name=naming.share_device_name(gpu.minor),
+                kind=DeviceKind.GPU_SHARE,
+                parent_uuid=gpu.uuid,
+                parent_minor=gpu.minor,
+                attributes=attrs,
+                capacity={
+                    "memory": Capacity(
+                        gpu.memory_bytes,
+                        binary_si=True,
+                        request_policy=RequestPolicy(
+                            default=memory_min, valid_range_min=memory_min, valid_range_step=memory_min
+                        ),
+                    ),
+                    "compute": Capacity(
+                        SHARE_COMPUTE_PERCENT,
+                        request_policy=RequestPolicy(
+                            default=options.share_compute_default,
+                            valid_range_min=options.share_compute_min,
+                            valid_range_step=options.share_compute_min,
+                        ),
+                    ),
+                },
+                consumes_counters=_consume_all(counter_set) if counter_set else (),
+                allow_multiple_allocations=True,
+            )
+        )
+    return devices, counter_set, warnings
+
+
+def build_device_model(discovery: DiscoveryResult, options: ModelOptions | None = None) -> DeviceModel:
+    options = options or ModelOptions()
+    devices: list[Device] = []
+    counter_sets: list[CounterSet] = []
+    warnings: list[str] = [e.message for e in discovery.errors]  # messages already name the GPU
+    for gpu in sorted(discovery.gpus, key=lambda g: g.minor):
+        gpu_devices, counter_set, gpu_warnings = _gpu_devices(gpu, discovery, options)
+        devices.extend(gpu_devices)
+        warnings.extend(gpu_warnings)
+        if counter_set is not None:
+            counter_sets.append(counter_set)
+    return DeviceModel(devices=tuple(devices), counter_sets=tuple(counter_sets), warnings=tuple(warnings))

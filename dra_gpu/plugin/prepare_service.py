@@ -1,0 +1,665 @@
+"""NodePrepareResources / NodeUnprepareResources, independent of the gRPC API version.
+
+Prepare of one claim (kubelet semantics, k8s-dra-api §7; NVIDIA's flow, nvidia-conventions §8):
+1. A claim already `PrepareCompleted` in the checkpoint is answered from there (idempotent; no API call).
+2. GET the claim; fail it when missing, replaced (UID differs) or not allocated. Keep only our driver's
+   results.
+3. Map device names to the node's device model, decode and resolve the opaque configs into groups.
+4. Under the node-wide checkpoint lock: roll back a claim left `PrepareStarted`; refuse devices that another
+   claim holds (unless admin access); write `PrepareStarted`.
+5. Per group `SharingManager.prepare_group`, checkpointing each group's undo state as soon as it exists.
+6. Write the CDI spec, then `PrepareCompleted` with the answer.
+Any failure after step 4 rolls back what was done (groups in reverse, CDI file, checkpoint entry). Errors are
+returned per claim, never for the whole batch, and name the claim and the cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from dra_gpu.cdi.driver_discovery import MigCapabilityError, mig_capability_minors
+from dra_gpu.cdi.spec_builder import (
+    ClaimDevice,
+    DriverEdits,
+    build_claim_spec,
+    cdi_device_id,
+    gpu_device_nodes,
+    mig_capability_nodes,
+)
+from dra_gpu.cdi.spec_validation import CdiSpecError
+from dra_gpu.cdi.spec_writer import CdiSpecWriter, CdiWriteError
+from dra_gpu.checkpoint.checkpoint_store import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    ClaimEntry,
+    ClaimPhase,
+    PreparedDevice,
+    PreparedGroup,
+)
+from dra_gpu.config.resolution import (
+    ConfigResolutionError,
+    ResultRef,
+    ordered_config_entries,
+    resolve_configs,
+)
+from dra_gpu.hardware.types import MigInstance
+from dra_gpu.inventory.model import DRIVER_NAME, Device, DeviceKind, DeviceModel
+from dra_gpu.plugin.claim_reader import ClaimJson, ClaimReader, ClaimReadError
+from dra_gpu.plugin.device_conflicts import devices_conflict
+from dra_gpu.plugin.fault_injection import FaultPoints
+from dra_gpu.plugin.metrics import PluginMetrics
+from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, GroupResult, SharingError, SharingManager
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    namespace: str
+    uid: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass(frozen=True)
+class PreparedDeviceAnswer:
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PrepareOutcome:
+    devices: tuple[PreparedDeviceAnswer, ...] = ()
+    error: str = ""
+
+
+class ClaimError(Exception):
+    """Preparing one claim failed; `reason` is a short metric label, the message names claim and cause."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Allocation:
+    """One of our allocation results joined with the device model."""
+
+    request: str
+    pool: str
+    device: Device
+    admin_access: bool
+    share_id: str | None
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
+
+    def as_allocated(self) -> AllocatedDevice:
+        return AllocatedDevice(
+            request=self.request,
+            pool=self.pool,
+            device=self.device,
+            admin_access=self.admin_access,
+            share_id=self.share_id,
+            consumed_capacity=self.consumed_capacity,
+        )
+
+
+def strip_subrequest(request: str) -> str:
+    return request.split("/", 1)[0]
+
+
+def _answer_from_entry(entry: ClaimEntry) -> PrepareOutcome:
+    return PrepareOutcome(
+        devices=tuple(
+            PreparedDeviceAnswer(
+                request_names=(strip_subrequest(d.request),),
+                pool=d.pool,
+                device=d.device,
+                cdi_device_ids=d.cdi_device_ids,
+                share_id=d.share_id,
+            )
+            for d in entry.devices
+        )
+    )
+
+
+def _mig_json(instance: MigInstance) -> dict[str, Any]:
+    return {
+        "parentUUID": instance.parent_uuid,
+        "parentMinor": instance.parent_minor,
+        "uuid": instance.uuid,
+        "profile": instance.profile,
+        "giProfileID": instance.gi_profile_id,
+        "giID": instance.gi_id,
+        "ciID": instance.ci_id,
+        "placementStart": instance.placement.start,
+        "placementSize": instance.placement.size,
+    }
+
+
+def owned_mig_instances(entries: Iterable[ClaimEntry], model: DeviceModel) -> set[tuple[str, int, int]]:
+    """(parent uuid, gi id, ci id) of every MIG instance a checkpointed claim uses, plus every static MIG
+    device of the model (made by an administrator, never ours to destroy)."""
+    by_name = model.by_name()
+    owned: set[tuple[str, int, int]] = {
+        (d.parent_uuid, d.mig.gi_id, d.mig.ci_id or 0)
+        for d in model.devices
+        if d.kind is DeviceKind.MIG_STATIC and d.mig is not None and d.mig.gi_id is not None
+    }
+    for entry in entries:
+        for group in entry.groups:
+            for mig in group.mig_instances.values():
+                owned.add((str(mig["parentUUID"]), int(mig["giID"]), int(mig["ciID"])))
+        for prepared in entry.devices:
+            device = by_name.get(prepared.device)
+            if device is not None and device.mig is not None and device.mig.gi_id is not None:
+                owned.add((device.parent_uuid, device.mig.gi_id, device.mig.ci_id or 0))
+    return owned
+
+
+class PrepareService:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        claims: ClaimReader,
+        checkpoints: CheckpointStore,
+        cdi: CdiSpecWriter,
+        sharing: SharingManager,
+        device_model: Callable[[], DeviceModel],
+        driver_edits: DriverEdits,
+        driver_root: str,
+        driver_name: str = DRIVER_NAME,
+        pool_name: str | None = None,
+        metrics: PluginMetrics | None = None,
+        faults: FaultPoints | None = None,
+    ) -> None:
+        self.node_name = node_name
+        self.pool_name = pool_name or node_name
+        self.driver_name = driver_name
+        self.claims = claims
+        self.checkpoints = checkpoints
+        self.cdi = cdi
+        self.sharing = sharing
+        self.device_model = device_model
+        self.driver_edits = driver_edits
+        self.driver_root = driver_root
+        self.metrics = metrics or PluginMetrics()
+        self.faults = faults or FaultPoints()
+        self._started = threading.Event()
+
+    # ----------------------------------------------------------------------------------------------- prepare
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareOutcome]:
+        """One outcome per requested claim UID; never raises for a single claim's failure."""
+        outcomes: dict[str, PrepareOutcome] = {}
+        for ref in claims:
+            if ref.uid in outcomes:
+                continue  # the same claim twice in one batch: one answer
+            started = time.perf_counter()
+            try:
+                outcomes[ref.uid] = self._prepare_claim(ref)
+                self.metrics.claims.labels("prepare", "ok").inc()
+            except ClaimError as exc:
+                log.warning("prepare failed", claim=str(ref), reason=exc.reason, error=str(exc))
+                self.metrics.claims.labels("prepare", "error").inc()
+                self.metrics.errors.labels("prepare", exc.reason).inc()
+                outcomes[ref.uid] = PrepareOutcome(error=str(exc))
+            except Exception as exc:  # a bug must not fail the batch: report it on the claim
+                log.exception("prepare crashed", claim=str(ref))
+                self.metrics.claims.labels("prepare", "error").inc()
+                self.metrics.errors.labels("prepare", "internal").inc()
+                outcomes[ref.uid] = PrepareOutcome(error=f"claim {ref}: internal error: {exc!r}")
+            finally:
+                self.metrics.claim_duration.labels("prepare").observe(time.perf_counter() - started)
+        return outcomes
+
+    @contextlib.contextmanager
+    def _locked(self, ref: ClaimRef) -> Iterator[None]:
+        """The node-wide checkpoint lock; failing to get it is this claim's error, not the batch's."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.checkpoints.locked())
+            except CheckpointError as exc:
+                raise ClaimError("lock_acquire", f"claim {ref}: {exc}") from exc
+            yield
+
+    def _completed_answer(self, ref: ClaimRef) -> PrepareOutcome | None:
+        with self._locked(ref):
+            entry = self._read(ref).claims.get(ref.uid)
+        if entry is not None and entry.phase is ClaimPhase.PREPARE_COMPLETED:
+            return _answer_from_entry(entry)
+        return None
+
+    def _read(self, ref: ClaimRef) -> Checkpoint:
+        try:
+            return self.checkpoints.read()
+        except CheckpointError as exc:
+            raise ClaimError("checkpoint", f"claim {ref}: {exc}") from exc
+
+    def _write(self, ref: ClaimRef, checkpoint: Checkpoint) -> None:
+        try:
+            self.checkpoints.write(checkpoint)
+        except CheckpointError as exc:
+            raise ClaimError("checkpoint", f"claim {ref}: {exc}") from exc
+        self._update_gauges(checkpoint)
+
+    def _update_gauges(self, checkpoint: Checkpoint) -> None:
+        self.metrics.prepared_claims.set(len(checkpoint.claims))
+        self.metrics.prepared_devices.set(sum(len(e.devices) for e in checkpoint.claims.values()))
+
+    def _prepare_claim(self, ref: ClaimRef) -> PrepareOutcome:
+        done = self._completed_answer(ref)
+        if done is not None:
+            return done
+        claim = self._fetch(ref)
+        allocations, raw_configs = self._our_allocations(ref, claim)
+        groups = self._resolve(ref, allocations, raw_configs)
+        with self._locked(ref):
+            checkpoint = self._read(ref)
+            entry = checkpoint.claims.get(ref.uid)
+            if entry is not None and entry.phase is ClaimPhase.PREPARE_COMPLETED:
+                return _answer_from_entry(entry)  # a concurrent call finished it meanwhile
+            if entry is not None:
+                log.info("rolling back interrupted prepare", claim=str(ref))
+                self._roll_back(ref, checkpoint, entry)
+            self._refuse_double_use(ref, checkpoint, allocations)
+            entry = ClaimEntry(
+                uid=ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                phase=ClaimPhase.PREPARE_STARTED,
+                devices=tuple(
+                    PreparedDevice(
+                        request=a.request,
+                        pool=a.pool,
+                        device=a.device.name,
+                        admin_access=a.admin_access,
+                        share_id=a.share_id,
+                    )
+                    for a in allocations
+                ),
+            )
+            checkpoint.claims[ref.uid] = entry
+            self._write(ref, checkpoint)
+            self.faults.reached("prepare-started")
+            try:
+                return self._apply(ref, checkpoint, entry, allocations, groups)
+            except ClaimError as failure:
+                self._roll_back_after_failure(ref, checkpoint, failure)
+                raise
+
+    def _fetch(self, ref: ClaimRef) -> ClaimJson:
+        started = time.perf_counter()
+        try:
+            claim = self.claims.get(ref.namespace, ref.name)
+        except ClaimReadError as exc:
+            raise ClaimError("apiserver", f"claim {ref}: {exc}") from exc
+        finally:
+            self.metrics.apiserver_wait.observe(time.perf_counter() - started)
+        if claim is None:
+            raise ClaimError(
+                "not_found",
+                f"claim {ref}: ResourceClaim {ref.namespace}/{ref.name} not found in the API server",
+            )
+        uid = claim.get("metadata", {}).get("uid")
+        if uid != ref.uid:
+            raise ClaimError(
+                "uid_mismatch",
+                f"claim {ref}: the API server has UID {uid}; the claim was deleted and replaced",
+            )
+        if not (claim.get("status") or {}).get("allocation"):
+            raise ClaimError("not_allocated", f"claim {ref}: not allocated (status.allocation is empty)")
+        return claim
+
+    def _our_allocations(
+        self, ref: ClaimRef, claim: ClaimJson
+    ) -> tuple[list[_Allocation], list[Mapping[str, Any]]]:
+        devices_status = claim["status"]["allocation"].get("devices") or {}
+        by_name = self.device_model().by_name()
+        allocations: list[_Allocation] = []
+        for index, result in enumerate(devices_status.get("results") or ()):
+            if result.get("driver") != self.driver_name:
+                continue
+            where = f"status.allocation.devices.results[{index}]"
+            pool, name = str(result.get("pool", "")), str(result.get("device", ""))
+            if pool != self.pool_name:
+                raise ClaimError(
+                    "wrong_node",
+                    f"claim {ref}: {where} is from pool {pool!r}, but this node ({self.node_name}) "
+                    f"serves pool {self.pool_name!r}",
+                )
+            device = by_name.get(name)
+            if device is None:
+                raise ClaimError(
+                    "unknown_device",
+                    f"claim {ref}: {where} names device {name!r}, which node {self.node_name} does not have "
+                    "(the node's devices changed after allocation: delete and recreate the claim)",
+                )
+            consumed = {str(k): str(v) for k, v in (result.get("consumedCapacity") or {}).items()}
+            allocations.append(
+                _Allocation(
+                    request=str(result.get("request", "")),
+                    pool=pool,
+                    device=device,
+                    admin_access=bool(result.get("adminAccess") or False),
+                    share_id=result.get("shareID"),
+                    consumed_capacity=consumed,
+                )
+            )
+        if not allocations:
+            raise ClaimError(
+                "no_devices", f"claim {ref}: the allocation has no device of driver {self.driver_name}"
+            )
+        return allocations, list(devices_status.get("config") or ())
+
+    def _resolve(
+        self, ref: ClaimRef, allocations: Sequence[_Allocation], raw_configs: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[object | None, list[int]]]:
+        try:
+            entries = ordered_config_entries(raw_configs, driver=self.driver_name)
+            refs = [ResultRef(a.request, a.device.name, a.device.kind) for a in allocations]
+            return [(g.config, list(g.results)) for g in resolve_configs(refs, entries)]
+        except ConfigResolutionError as exc:
+            raise ClaimError("config", f"claim {ref}: {exc}") from exc
+
+    def _refuse_double_use(
+        self, ref: ClaimRef, checkpoint: Checkpoint, allocations: Sequence[_Allocation]
+    ) -> None:
+        by_name = self.device_model().by_name()
+        for uid, other in checkpoint.claims.items():
+            if uid == ref.uid:
+                continue
+            for held in other.devices:
+                if held.admin_access:
+                    continue
+                held_device = by_name.get(held.device)
+                for alloc in allocations:
+                    if alloc.admin_access:
+                        continue
+                    clash = (
+                        devices_conflict(alloc.device, held_device)
+                        if held_device is not None
+                        else alloc.device.name == held.device
+                    )
+                    if clash:
+                        raise ClaimError(
+                            "device_in_use",
+                            f"claim {ref}: requested device {alloc.device.name} is already allocated to "
+                            f"different claim {other.ref} ({uid}) as {held.device}",
+                        )
+
+    def _apply(
+        self,
+        ref: ClaimRef,
+        checkpoint: Checkpoint,
+        entry: ClaimEntry,
+        allocations: Sequence[_Allocation],
+        groups: Sequence[tuple[object | None, list[int]]],
+    ) -> PrepareOutcome:
+        group_edits: dict[int, CdiEdits] = {}
+        created_mig: dict[str, MigInstance] = {}
+        for group_index, (config, indices) in enumerate(groups):
+            members = [allocations[i] for i in indices]
+            try:
+                result: GroupResult = self.sharing.prepare_group(
+                    ref.uid, config, [a.as_allocated() for a in members]
+                )
+            except SharingError as exc:
+                raise ClaimError("sharing", f"claim {ref}: {exc}") from exc
+            except Exception as exc:
+                raise ClaimError("sharing", f"claim {ref}: sharing setup failed: {exc!r}") from exc
+            self.faults.reached(f"prepare-group-{group_index}-applied")
+            created_mig.update(result.mig_instances)
+            for i in indices:
+                group_edits[i] = result.edits
+            entry = _with_group(
+                entry,
+                PreparedGroup(
+                    devices=tuple(a.device.name for a in members),
+                    state=dict(result.state),
+                    mig_instances={k: _mig_json(v) for k, v in result.mig_instances.items()},
+                ),
+            )
+            checkpoint.claims[ref.uid] = entry
+            self._write(ref, checkpoint)
+            self.faults.reached(f"prepare-group-{group_index}")
+
+        spec = build_claim_spec(
+            ref.uid,
+            f"{ref.namespace}/{ref.name}",
+            self._claim_devices(ref, allocations, group_edits, created_mig),
+            self.driver_edits,
+        )
+        try:
+            self.cdi.write(ref.uid, spec)
+        except (CdiWriteError, CdiSpecError) as exc:
+            raise ClaimError("cdi", f"claim {ref}: {exc}") from exc
+        self.faults.reached("prepare-cdi-written")
+
+        completed = ClaimEntry(
+            uid=entry.uid,
+            namespace=entry.namespace,
+            name=entry.name,
+            phase=ClaimPhase.PREPARE_COMPLETED,
+            devices=tuple(
+                PreparedDevice(
+                    request=d.request,
+                    pool=d.pool,
+                    device=d.device,
+                    admin_access=d.admin_access,
+                    share_id=d.share_id,
+                    cdi_device_ids=(cdi_device_id(ref.uid, d.device),),
+                )
+                for d in entry.devices
+            ),
+            groups=entry.groups,
+            extra=entry.extra,
+        )
+        checkpoint.claims[ref.uid] = completed
+        self._write(ref, checkpoint)
+        self.faults.reached("prepare-completed")
+        return _answer_from_entry(completed)
+
+    def _claim_devices(
+        self,
+        ref: ClaimRef,
+        allocations: Sequence[_Allocation],
+        group_edits: Mapping[int, CdiEdits],
+        created_mig: Mapping[str, MigInstance],
+    ) -> list[ClaimDevice]:
+        devices: dict[str, ClaimDevice] = {}
+        for index, alloc in enumerate(allocations):
+            device = alloc.device
+            if device.name in devices:
+                continue  # the same shared device in two requests: one CDI device
+            nodes = gpu_device_nodes(self.driver_root, device.parent_minor)
+            uuids: tuple[str, ...] = (device.parent_uuid,)
+            if device.kind in (DeviceKind.MIG_STATIC, DeviceKind.MIG_DYNAMIC):
+                gi_ci = self._mig_ids(ref, device, created_mig)
+                try:
+                    caps = mig_capability_minors(self.driver_root, device.parent_minor, *gi_ci[:2])
+                except MigCapabilityError as exc:
+                    raise ClaimError("cdi", f"claim {ref}: device {device.name}: {exc}") from exc
+                nodes = nodes + mig_capability_nodes(self.driver_root, caps)
+                uuids = (gi_ci[2],) if gi_ci[2] else uuids
+            devices[device.name] = ClaimDevice(
+                name=device.name,
+                uuids=uuids,
+                device_nodes=nodes,
+                group_edits=group_edits.get(index, CdiEdits()),
+            )
+        return list(devices.values())
+
+    @staticmethod
+    def _mig_ids(ref: ClaimRef, device: Device, created: Mapping[str, MigInstance]) -> tuple[int, int, str]:
+        instance = created.get(device.name)
+        if instance is not None:
+            return instance.gi_id, instance.ci_id, instance.uuid
+        mig = device.mig
+        if mig is None or mig.gi_id is None or mig.ci_id is None:
+            raise ClaimError(
+                "sharing",
+                f"claim {ref}: MIG device {device.name} has no instance: it was neither created by the "
+                "sharing manager nor exists on the GPU",
+            )
+        return mig.gi_id, mig.ci_id, mig.uuid or ""
+
+    # ------------------------------------------------------------------------------------------- rollback
+
+    def _roll_back_after_failure(self, ref: ClaimRef, checkpoint: Checkpoint, failure: ClaimError) -> None:
+        entry = checkpoint.claims.get(ref.uid)
+        if entry is None:
+            return
+        try:
+            self._roll_back(ref, checkpoint, entry)
+        except ClaimError as exc:
+            # The entry stays PrepareStarted with what is left to undo; a retry or the stale-claim pass
+            # finishes the job.
+            log.error("rollback incomplete", claim=str(ref), error=str(exc), cause=str(failure))
+
+    def _roll_back(self, ref: ClaimRef, checkpoint: Checkpoint, entry: ClaimEntry) -> None:
+        """Undo a claim's groups (newest first), remove its CDI file, drop its entry. Raises ClaimError."""
+        remaining = list(entry.groups)
+        try:
+            while remaining:
+                group = remaining[-1]
+                self.sharing.unprepare_group(ref.uid, group.state)
+                remaining.pop()
+                self.faults.reached(f"unprepare-group-{len(remaining)}")
+        except Exception as exc:
+            checkpoint.claims[ref.uid] = _replace_groups(entry, remaining)
+            self._write_quietly(ref, checkpoint)
+            raise ClaimError("sharing", f"claim {ref}: undoing sharing setup failed: {exc}") from exc
+        try:
+            self.cdi.remove(ref.uid)
+        except OSError as exc:
+            log.warning("removing CDI spec failed", claim=str(ref), error=str(exc))
+        self.faults.reached("unprepare-cdi-removed")
+        del checkpoint.claims[ref.uid]
+        self._write(ref, checkpoint)
+
+    def _write_quietly(self, ref: ClaimRef, checkpoint: Checkpoint) -> None:
+        try:
+            self._write(ref, checkpoint)
+        except ClaimError as exc:
+            log.error("checkpoint update failed during rollback", claim=str(ref), error=str(exc))
+
+    # --------------------------------------------------------------------------------------------- unprepare
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Claim UID -> error ("" on success). Unpreparing an unknown claim succeeds."""
+        errors: dict[str, str] = {}
+        for ref in claims:
+            if ref.uid in errors:
+                continue
+            started = time.perf_counter()
+            try:
+                self._unprepare_claim(ref)
+                errors[ref.uid] = ""
+                self.metrics.claims.labels("unprepare", "ok").inc()
+            except ClaimError as exc:
+                log.warning("unprepare failed", claim=str(ref), reason=exc.reason, error=str(exc))
+                self.metrics.claims.labels("unprepare", "error").inc()
+                self.metrics.errors.labels("unprepare", exc.reason).inc()
+                errors[ref.uid] = str(exc)
+            except Exception as exc:
+                log.exception("unprepare crashed", claim=str(ref))
+                self.metrics.claims.labels("unprepare", "error").inc()
+                self.metrics.errors.labels("unprepare", "internal").inc()
+                errors[ref.uid] = f"claim {ref}: internal error: {exc!r}"
+            finally:
+                self.metrics.claim_duration.labels("unprepare").observe(time.perf_counter() - started)
+        return errors
+
+    def _unprepare_claim(self, ref: ClaimRef) -> None:
+        with self._locked(ref):
+            checkpoint = self._read(ref)
+            entry = checkpoint.claims.get(ref.uid)
+            if entry is None:
+                self.cdi.remove(ref.uid)  # a leftover from an interrupted earlier attempt, if any
+                return
+            self._roll_back(ref, checkpoint, entry)
+
+    # ------------------------------------------------------------------------------------ start-up and GC
+
+    def start(self) -> None:
+        """Clean up after a crash or reboot: unowned MIG instances, CDI files of claims no longer prepared."""
+        with self.checkpoints.locked():
+            checkpoint = self.checkpoints.read()
+            if checkpoint.previous_boot_claims:
+                log.info(
+                    "checkpoint is from before a reboot; starting empty",
+                    claims=sorted(checkpoint.previous_boot_claims),
+                )
+                self.checkpoints.write(checkpoint)
+            owned = owned_mig_instances(checkpoint.claims.values(), self.device_model())
+            destroyed = self.sharing.destroy_unowned_mig(owned)
+            if destroyed:
+                log.info("destroyed MIG instances no claim owns", instances=destroyed)
+            for uid in self.cdi.claim_uids() - set(checkpoint.claims):
+                log.info("removing leftover CDI spec", claim_uid=uid)
+                self.cdi.remove(uid)
+            self._update_gauges(checkpoint)
+        self._started.set()
+
+    def cleanup_stale_claims(self) -> list[str]:
+        """Unprepare `PrepareStarted` claims whose ResourceClaim is gone or replaced. Returns their UIDs."""
+        with self.checkpoints.locked():
+            started = [
+                e for e in self.checkpoints.read().claims.values() if e.phase is ClaimPhase.PREPARE_STARTED
+            ]
+        cleaned: list[str] = []
+        for entry in started:
+            ref = ClaimRef(entry.namespace, entry.uid, entry.name)
+            try:
+                claim = self.claims.get(entry.namespace, entry.name)
+            except ClaimReadError as exc:
+                log.warning("stale-claim check skipped", claim=str(ref), error=str(exc))
+                continue
+            if claim is not None and claim.get("metadata", {}).get("uid") == entry.uid:
+                continue
+            with self.checkpoints.locked():
+                checkpoint = self.checkpoints.read()
+                current = checkpoint.claims.get(entry.uid)
+                if current is None or current.phase is not ClaimPhase.PREPARE_STARTED:
+                    continue
+                try:
+                    self._roll_back(ref, checkpoint, current)
+                    cleaned.append(entry.uid)
+                    log.info("unprepared stale claim", claim=str(ref))
+                except ClaimError as exc:
+                    log.warning("stale claim cleanup failed", claim=str(ref), error=str(exc))
+        return cleaned
+
+    @property
+    def started(self) -> bool:
+        return self._started.is_set()
+
+
+def _with_group(entry: ClaimEntry, group: PreparedGroup) -> ClaimEntry:
+    return _replace_groups(entry, [*entry.groups, group])
+
+
+def _replace_groups(entry: ClaimEntry, groups: Sequence[PreparedGroup]) -> ClaimEntry:
+    return ClaimEntry(
+        uid=entry.uid,
+        namespace=entry.namespace,
+        name=entry.name,
+        phase=entry.phase,
+        devices=entry.devices,
+        groups=tuple(groups),
+        extra=entry.extra,
+    )

@@ -1,0 +1,161 @@
+"""On-demand MIG: create the MIG device an allocation names at prepare, destroy it at unprepare.
+
+A MIG_DYNAMIC device is a (profile, placement) pair that does not exist until a claim gets it. Creation goes
+through `GpuHardware.create_mig_device`, which switches MIG mode on where the GPU can do that without a reset
+(Hopper and newer). Ampere GPUs need a reset to change MIG mode, so MIG mode is never toggled on them (as in
+NVIDIA's driver): with MIG disabled the claim gets an error that says how to enable it. MIG mode that this
+driver switched on is switched off again when its last MIG device is gone.
+
+Ownership: every instance created here is recorded in the registry until it is destroyed, so start-up cleanup
+(`destroy_unowned`) removes exactly the instances this driver created for claims that are no longer
+checkpointed, and never the MIG devices an administrator made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from dra_gpu.hardware.interface import GpuHardware, HardwareError
+from dra_gpu.hardware.types import GpuInfo, MigInstance, MigPlacement
+from dra_gpu.sharing.interface import AllocatedDevice, SharingError
+from dra_gpu.sharing.registry import Registry
+
+log = structlog.get_logger(__name__)
+
+
+def instance_json(device_name: str, instance: MigInstance) -> dict[str, Any]:
+    return {
+        "device": device_name,
+        "parentUuid": instance.parent_uuid,
+        "parentMinor": instance.parent_minor,
+        "uuid": instance.uuid,
+        "profile": instance.profile,
+        "giProfileId": instance.gi_profile_id,
+        "giId": instance.gi_id,
+        "ciId": instance.ci_id,
+        "placementStart": instance.placement.start,
+        "placementSize": instance.placement.size,
+    }
+
+
+def instance_from_json(data: Mapping[str, Any]) -> MigInstance:
+    return MigInstance(
+        parent_uuid=data["parentUuid"],
+        parent_minor=data["parentMinor"],
+        uuid=data["uuid"],
+        profile=data["profile"],
+        gi_profile_id=data["giProfileId"],
+        gi_id=data["giId"],
+        ci_id=data["ciId"],
+        placement=MigPlacement(data["placementStart"], data["placementSize"]),
+    )
+
+
+def _overlaps(a: MigPlacement, b: MigPlacement) -> bool:
+    return a.start < b.start + b.size and b.start < a.start + a.size
+
+
+class MigLifecycle:
+    def __init__(self, hardware: GpuHardware, registry: Registry) -> None:
+        self._hardware = hardware
+        self._registry = registry
+
+    def create(self, device: AllocatedDevice, gpu: GpuInfo) -> MigInstance:
+        """Create the MIG device `device` stands for on `gpu` (fresh discovery); raise SharingError."""
+        spec = device.device.mig
+        name = device.device.name
+        if spec is None:
+            raise SharingError(f"device {name} is not a MIG device (no profile/placement)")
+        placement = MigPlacement(spec.placement_start, spec.placement_size)
+        at = f"{placement.start}:{placement.size}"
+        where = f"MIG device {name} ({spec.profile} at placement {at}) on GPU {gpu.uuid}"
+        if not gpu.mig_capable:
+            raise SharingError(f"{where}: GPU {gpu.uuid} ({gpu.product_name}) is not MIG-capable")
+        if not gpu.mig_enabled and not gpu.mig_toggle_without_reset:
+            raise SharingError(
+                f"{where}: MIG mode is disabled and this {gpu.architecture} GPU needs a reset to enable it; "
+                "the driver never resets GPUs: enable MIG mode out of band "
+                f"(nvidia-smi -i {gpu.uuid} -mig 1, then a GPU reset) to use on-demand MIG devices"
+            )
+        if gpu.mig_enabled:
+            for existing in self._hardware.list_mig_devices(gpu.uuid):
+                if _overlaps(existing.placement, placement):
+                    raise SharingError(
+                        f"{where}: placement {at} is already taken by MIG device "
+                        f"{existing.uuid} ({existing.profile} at {existing.placement.start}:"
+                        f"{existing.placement.size}); a device that overlaps it was probably created outside "
+                        "this driver"
+                    )
+        try:
+            instance = self._hardware.create_mig_device(gpu.uuid, spec.gi_profile_id, spec.placement_start)
+        except HardwareError as err:
+            raise SharingError(f"{where}: creating it failed: {err}") from None
+        with self._registry.update() as data:
+            data["createdMig"].append([instance.parent_uuid, instance.gi_id, instance.ci_id])
+            if not gpu.mig_enabled and gpu.uuid not in data["migModeEnabled"]:
+                data["migModeEnabled"].append(gpu.uuid)
+        log.info("MIG device created", device=name, uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
+        return instance
+
+    def destroy(self, instance: MigInstance) -> None:
+        """Destroy one instance we created (already gone is fine); then maybe switch MIG mode off. Raises."""
+        try:
+            self._hardware.destroy_mig_device(instance.parent_uuid, instance.gi_id, instance.ci_id)
+        except HardwareError as err:
+            raise SharingError(
+                f"destroying MIG device {instance.uuid} (GPU {instance.parent_uuid} gi={instance.gi_id} "
+                f"ci={instance.ci_id}) failed: {err}"
+            ) from None
+        with self._registry.update() as data:
+            key = [instance.parent_uuid, instance.gi_id, instance.ci_id]
+            data["createdMig"] = [k for k in data["createdMig"] if k != key]
+        log.info("MIG device destroyed", uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
+        self.maybe_disable_mig_mode(instance.parent_uuid)
+
+    def maybe_disable_mig_mode(self, gpu_uuid: str) -> None:
+        """Switch MIG mode off on a GPU where we switched it on, once no MIG device is left on it."""
+        with self._registry.update() as data:
+            if gpu_uuid not in data["migModeEnabled"]:
+                return
+        try:
+            if self._hardware.list_mig_devices(gpu_uuid):
+                return
+            self._hardware.set_mig_mode(gpu_uuid, False)
+        except HardwareError as err:
+            log.warning("cannot switch MIG mode off again", gpu=gpu_uuid, error=str(err))
+            return
+        with self._registry.update() as data:
+            data["migModeEnabled"] = [u for u in data["migModeEnabled"] if u != gpu_uuid]
+        log.info("MIG mode disabled again", gpu=gpu_uuid)
+
+    def destroy_unowned(self, owned: set[tuple[str, int, int]], gpus: Sequence[GpuInfo]) -> list[str]:
+        """Destroy the instances we created that no checkpointed claim owns. Returns what was destroyed."""
+        with self._registry.update() as data:
+            created = [tuple(k) for k in data["createdMig"]]
+        by_key = {(i.parent_uuid, i.gi_id, i.ci_id): i for g in gpus for i in g.mig_instances}
+        destroyed: list[str] = []
+        for key in created:
+            parent, gi_id, ci_id = str(key[0]), int(key[1]), int(key[2])
+            if (parent, gi_id, ci_id) in owned:
+                continue
+            instance = by_key.get((parent, gi_id, ci_id))
+            label = f"{instance.uuid if instance else 'MIG device'} (GPU {parent} gi={gi_id} ci={ci_id})"
+            try:
+                if instance is not None:
+                    self.destroy(instance)
+                else:  # already gone: forget it
+                    with self._registry.update() as data:
+                        data["createdMig"] = [k for k in data["createdMig"] if k != [parent, gi_id, ci_id]]
+                    continue
+            except SharingError as err:
+                log.error("cannot destroy unowned MIG device", device=label, error=str(err))
+                continue
+            destroyed.append(label)
+        with self._registry.update() as data:
+            enabled = list(data["migModeEnabled"])
+        for uuid in enabled:
+            self.maybe_disable_mig_mode(uuid)
+        return destroyed

@@ -1,0 +1,95 @@
+"""Time-slicing: the GPU-global CUDA time-slice interval, set for claims that ask for it and reset after them.
+
+Applied the way NVIDIA's driver does it (`GpuHardware.set_time_slice`: `nvidia-smi -c DEFAULT`, then
+`nvidia-smi compute-policy --set-timeslice N`), on full GPUs only, and only when the config asked for
+TimeSlicing: `--set-timeslice` is unsupported on some GPUs (Tesla P4 and older), so an implicit default would
+break them. Holders are counted per GPU in the registry (several claims can reach one GPU, e.g. with admin
+access), and the interval goes back to Default (0) when the last holder is unprepared, also after a restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import structlog
+
+from dra_gpu.config.api import TIME_SLICE_INTERVALS
+from dra_gpu.hardware.interface import GpuHardware, HardwareError
+from dra_gpu.sharing.interface import SharingError
+from dra_gpu.sharing.registry import Registry
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_INTERVAL = 0
+
+
+def interval_name(value: int) -> str:
+    return TIME_SLICE_INTERVALS[value] if 0 <= value < len(TIME_SLICE_INTERVALS) else str(value)
+
+
+class TimeSlicing:
+    def __init__(self, hardware: GpuHardware, registry: Registry) -> None:
+        self._hardware = hardware
+        self._registry = registry
+
+    def acquire(self, claim_uid: str, gpu_uuids: Sequence[str], interval: int) -> list[str]:
+        """Set `interval` on every GPU for this claim; all or nothing. Returns the GPUs it holds now."""
+        done: list[str] = []
+        try:
+            for uuid in gpu_uuids:
+                self._acquire_one(claim_uid, uuid, interval)
+                done.append(uuid)
+        except SharingError:
+            for uuid in reversed(done):
+                for problem in self.release(claim_uid, [uuid]):
+                    log.error("time-slice rollback failed", gpu=uuid, error=problem)
+            raise
+        return done
+
+    def _acquire_one(self, claim_uid: str, uuid: str, interval: int) -> None:
+        with self._registry.update() as data:
+            entry = data["timeSlice"].get(uuid)
+            others = [c for c in (entry or {}).get("claims", []) if c != claim_uid]
+            if others and entry is not None:
+                if entry["interval"] != interval:
+                    raise SharingError(
+                        f"GPU {uuid} is time-sliced with interval {interval_name(entry['interval'])} for "
+                        f"claim(s) {', '.join(others)}; it cannot be {interval_name(interval)} for this "
+                        "claim at the same time (the interval is a whole-GPU setting)"
+                    )
+                entry["claims"] = [*others, claim_uid]
+                return
+        try:
+            self._hardware.set_time_slice(uuid, interval)
+        except HardwareError as err:
+            raise SharingError(
+                f"cannot set time-slice interval {interval_name(interval)} on GPU {uuid}: {err} (some GPUs, "
+                "such as the Tesla P4, do not support setting it: drop timeSlicingConfig or the TimeSlicing "
+                "strategy for this GPU)"
+            ) from None
+        with self._registry.update() as data:
+            data["timeSlice"][uuid] = {"interval": interval, "claims": [claim_uid]}
+        log.info("time-slice set", gpu=uuid, interval=interval_name(interval), claim_uid=claim_uid)
+
+    def release(self, claim_uid: str, gpu_uuids: Sequence[str]) -> list[str]:
+        """Drop this claim's hold; reset to Default where it was the last. Idempotent; returns problems."""
+        problems: list[str] = []
+        for uuid in gpu_uuids:
+            with self._registry.update() as data:
+                entry = data["timeSlice"].get(uuid)
+                if entry is not None:
+                    entry["claims"] = [c for c in entry["claims"] if c != claim_uid]
+                    if entry["claims"]:
+                        continue  # another claim still relies on the setting
+                # No entry at all: the registry was lost; nobody else is known to rely on it, so reset.
+            try:
+                self._hardware.set_time_slice(uuid, DEFAULT_INTERVAL)
+            except HardwareError as err:
+                problems.append(f"resetting the time-slice interval of GPU {uuid} to Default failed: {err}")
+                continue
+            with self._registry.update() as data:
+                entry = data["timeSlice"].get(uuid)
+                if entry is not None and not entry["claims"]:
+                    del data["timeSlice"][uuid]
+            log.info("time-slice reset", gpu=uuid, claim_uid=claim_uid)
+        return problems

@@ -1,0 +1,329 @@
+"""Runs one example folder against the cluster: apply, wait for its promises, delete, check the cleanup.
+
+Shared by `e2e/test_examples.py` and the demo. Pure checks live in `expectations.py`; this module does the
+I/O (kubectl, the driver's view of the hardware and of /var/run/cdi) and the waiting.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.lib.claims import allocated_devices
+from e2e.lib.container_report import ContainerReport, parse_report
+from e2e.lib.driver import DriverControl
+from e2e.lib.expectations import (
+    Observed,
+    check_all,
+    check_hardware_reset,
+    leftover_cdi_specs,
+    phase,
+    row_devices,
+    row_pods,
+)
+from e2e.lib.images import mapping_from_dict, substitute_images
+from e2e.lib.kubectl import Kubectl
+from e2e.lib.settings import DRIVER_NAME, E2ESettings
+from e2e.lib.sim_view import sharing_effect
+from e2e.lib.summary import ExampleRow
+from e2e.lib.waiting import namespace_report
+from tests.deploy.expect_model import Expectation, load_expectation
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+PENDING_SETTLE_S = 10.0  # a Pending expectation must still hold this long after it first holds
+
+
+def example_folders(root: Path = EXAMPLES_DIR) -> list[Path]:
+    return sorted(p.parent for p in root.glob("*/expect.yaml"))
+
+
+@dataclass
+class ExampleOutcome:
+    observed: Observed | None = None
+    claim_uids: set[str] = field(default_factory=set)
+    cdi_specs: set[str] = field(default_factory=set)  # spec files that belonged to the example's claims
+    sharing: str = "-"
+    devices: str = "-"
+    pods: str = "-"
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class ExampleFailedError(AssertionError):
+    pass
+
+
+def slice_devices(kubectl: Kubectl) -> dict[tuple[str, str], dict[str, Any]]:
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for s in kubectl.items("resourceslices.resource.k8s.io"):
+        spec = s.get("spec", {})
+        if spec.get("driver") != DRIVER_NAME:
+            continue
+        pool = spec.get("pool", {}).get("name", "")
+        for dev in spec.get("devices") or []:
+            out[(pool, dev["name"])] = dev
+    return out
+
+
+class ExampleRun:
+    def __init__(
+        self,
+        folder: Path,
+        kubectl: Kubectl,
+        driver: DriverControl,
+        settings: E2ESettings,
+        log: Callable[[str], None] = lambda _msg: None,
+    ) -> None:
+        self.folder = folder
+        self.exp: Expectation = load_expectation(folder / "expect.yaml")
+        self.kubectl = kubectl
+        self.driver = driver
+        self.settings = settings
+        self.log = log
+        self.outcome = ExampleOutcome()
+        self._reports: dict[str, ContainerReport] = {}
+        self._sim_before: dict[str, Any] | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.exp.namespace
+
+    def _needs_hardware(self) -> bool:
+        return any(c.hardware is not None for c in self.exp.claims) or self.exp.cleanup.hardwareReset
+
+    # --------------------------------------------------------------------------------------------- apply
+    def documents(self) -> list[list[dict[str, Any]]]:
+        """The manifests (in expect.yaml order), images swapped for the local test image."""
+        convert = mapping_from_dict({}, default=self.settings.test_image)
+        out = []
+        for name in self.exp.manifests:
+            docs = [d for d in yaml.safe_load_all((self.folder / name).read_text()) if isinstance(d, dict)]
+            out.append(substitute_images(docs, convert)[0])
+        return out
+
+    def apply(self) -> list[str]:
+        """Apply everything; returns failures about `rejected` (refused objects, or wrongly accepted ones)."""
+        self._sim_before = self.driver.sim_state() if self._needs_hardware() else None
+        self._cdi_before = set(self.driver.cdi_spec_names())
+        rejected = {(r.kind, r.name): r for r in self.exp.rejected}
+        failures: list[str] = []
+        for docs in self.documents():
+            if not rejected:
+                self.kubectl.apply(yaml.safe_dump_all(docs))
+                continue
+            # One object at a time, so that each refusal is tied to its object.
+            for doc in docs:
+                key = (doc.get("kind", ""), doc.get("metadata", {}).get("name", ""))
+                result = self.kubectl.try_apply(yaml.safe_dump(doc))
+                want = rejected.pop(key, None)
+                if want is None and result.returncode != 0:
+                    failures.append(f"{key[0]}/{key[1]} was refused: {result.stderr.strip()}")
+                elif want is not None and result.returncode == 0:
+                    failures.append(
+                        f"{key[0]}/{key[1]} was accepted, expected a refusal /{want.messageRegex}/"
+                    )
+                elif want is not None and not re.search(want.messageRegex, result.stderr):
+                    failures.append(
+                        f"{key[0]}/{key[1]} refused, but the message does not match /{want.messageRegex}/: "
+                        f"{result.stderr.strip()}"
+                    )
+        failures += [f"{k}/{n}: not in the manifests" for k, n in rejected]
+        return failures
+
+    # ------------------------------------------------------------------------------------------- observe
+    def observe(self) -> Observed:
+        pods = self.kubectl.items("pods", self.namespace)
+        claims = self.kubectl.items("resourceclaims.resource.k8s.io", self.namespace)
+        for c in claims:
+            self.outcome.claim_uids.add(c["metadata"]["uid"])
+        wanted = {
+            (pexp_container.name)
+            for pexp in self.exp.pods
+            for pexp_container in pexp.containers
+            if pexp_container.env or pexp_container.envAbsent or pexp_container.deviceNodes
+        }
+        for pod in pods:
+            if phase(pod) not in ("Running", "Succeeded"):
+                continue
+            for ctr in pod["spec"].get("containers", []):
+                key = f"{pod['metadata']['name']}/{ctr['name']}"
+                if ctr["name"] in wanted and not self._reports.get(key, ContainerReport()).complete:
+                    log = self.kubectl.logs(self.namespace, pod["metadata"]["name"], ctr["name"])
+                    self._reports[key] = parse_report(log)
+        sim_now = self.driver.sim_state() if self._needs_hardware() else None
+        return Observed(
+            pods=pods,
+            claims=claims,
+            slice_devices=slice_devices(self.kubectl),
+            reports=dict(self._reports),
+            events=self.kubectl.events(self.namespace),
+            sim_before=self._sim_before,
+            sim_now=sim_now,
+        )
+
+    def _note_cdi_specs(self) -> None:
+        names = set(self.driver.cdi_spec_names()) - self._cdi_before
+        for name in names:
+            if any(uid in name for uid in self.outcome.claim_uids):
+                self.outcome.cdi_specs.add(name)
+                continue
+            try:
+                text = yaml.safe_dump(self.driver.cdi_spec(name))
+            except (OSError, yaml.YAMLError):
+                continue
+            if any(uid in text for uid in self.outcome.claim_uids):
+                self.outcome.cdi_specs.add(name)
+
+    def wait_expectations(self) -> Observed:
+        """Poll until every promise of expect.yaml holds; at the deadline fail with all that do not."""
+        deadline = time.monotonic() + self.exp.timeoutSeconds
+        t0 = time.monotonic()
+        ends_pending = any(p.phase == "Pending" or (p.phases or {}).get("Pending") for p in self.exp.pods)
+        held_since: float | None = None
+        while True:
+            observed = self.observe()
+            failures = check_all(self.exp, observed)
+            now = time.monotonic()
+            if not failures:
+                held_since = held_since or now
+                if not ends_pending or now - held_since >= PENDING_SETTLE_S:
+                    break
+            else:
+                held_since = None
+            if now > deadline:
+                raise ExampleFailedError(
+                    f"example {self.exp.name}: after {self.exp.timeoutSeconds}s these expect.yaml promises"
+                    " do not hold:\n  - "
+                    + "\n  - ".join(failures)
+                    + "\n"
+                    + namespace_report(self.kubectl, self.namespace, self.driver.log_tail)
+                )
+            time.sleep(1.0)
+        self.outcome.timings["settled_s"] = time.monotonic() - t0
+        self._note_cdi_specs()
+        self.outcome.observed = observed
+        self.outcome.sharing = sharing_effect(observed.sim_before, observed.sim_now)
+        self.outcome.devices = row_devices(observed.claims)
+        self.outcome.pods = row_pods(observed.pods)
+        return observed
+
+    def prepared_claims_without_cdi_spec(self) -> list[str]:
+        """Allocated claims of running pods without a CDI spec file (a prepare that wrote nothing)."""
+        observed = self.outcome.observed
+        if observed is None:
+            return []
+        running_claims = {
+            ref.get("resourceClaimName")
+            for p in observed.pods
+            if phase(p) == "Running"
+            for ref in (p.get("status") or {}).get("resourceClaimStatuses") or []
+        }
+        missing = []
+        for claim in observed.claims:
+            name = claim["metadata"]["name"]
+            if name in running_claims and any(d.is_ours for d in allocated_devices(claim)):
+                uid = claim["metadata"]["uid"]
+                if not any(uid in spec for spec in self.outcome.cdi_specs) and not self._spec_mentions(uid):
+                    missing.append(name)
+        return missing
+
+    def _spec_mentions(self, uid: str) -> bool:
+        for name in self.outcome.cdi_specs:
+            try:
+                if uid in yaml.safe_dump(self.driver.cdi_spec(name)):
+                    return True
+            except (OSError, yaml.YAMLError):
+                continue
+        return False
+
+    # ------------------------------------------------------------------------------------------- cleanup
+    def delete(self) -> None:
+        """Delete every manifest (the Namespace with it) and wait until the namespace is gone."""
+        t0 = time.monotonic()
+        for docs in reversed(self.documents()):
+            self.kubectl.run(
+                "delete",
+                "-f",
+                "-",
+                "--ignore-not-found",
+                "--wait=false",
+                stdin=yaml.safe_dump_all(docs),
+                check=False,
+            )
+        self.kubectl.delete_namespace(self.namespace, wait=True, timeout_s=180)
+        self.outcome.timings["delete_s"] = time.monotonic() - t0
+
+    def wait_cleanup(self, timeout_s: float = 90) -> list[str]:
+        """After deletion: the claims' CDI specs removed and (if promised) the hardware back to baseline."""
+        deadline = time.monotonic() + timeout_s
+        failures: list[str] = []
+        while time.monotonic() < deadline:
+            failures = []
+            left = leftover_cdi_specs(self.driver.cdi_spec_names(), self.outcome.claim_uids)
+            left += sorted(self.outcome.cdi_specs & set(self.driver.cdi_spec_names()))
+            if left:
+                failures.append(
+                    f"CDI spec files of deleted claims still in {self.settings.cdi_root}: {sorted(set(left))}"
+                )
+            if self.exp.cleanup.hardwareReset and self._sim_before is not None:
+                failures += check_hardware_reset(self._sim_before, self.driver.sim_state())
+            if not failures:
+                return []
+            time.sleep(1.0)
+        return failures
+
+    def row(self, result: str, detail: str = "") -> ExampleRow:
+        return ExampleRow(
+            example=self.exp.name,
+            pods=self.outcome.pods,
+            devices=self.outcome.devices,
+            sharing=self.outcome.sharing,
+            result=result,
+            detail=detail.splitlines()[0] if detail else "",
+        )
+
+
+def cluster_has(requirement: str, kubectl: Kubectl) -> tuple[bool, str]:
+    """Whether the cluster offers what an example `requires`, and why not when it does not."""
+    if requirement == "webhook":
+        hooks = kubectl.items("validatingwebhookconfigurations")
+        ok = any(
+            "resource-claim-parameters" in ((w.get("clientConfig") or {}).get("url") or "")
+            or "resource-claim-parameters"
+            in (((w.get("clientConfig") or {}).get("service") or {}).get("path") or "")
+            for h in hooks
+            for w in h.get("webhooks", [])
+        )
+        return ok, "no ValidatingWebhookConfiguration for /validate-resource-claim-parameters"
+    if requirement == "extended-resource":
+        classes = kubectl.items("deviceclasses.resource.k8s.io")
+        ok = any(c.get("spec", {}).get("extendedResourceName") for c in classes)
+        return (
+            ok,
+            "no DeviceClass with spec.extendedResourceName (DRAExtendedResource off, or not in the chart)",
+        )
+    if requirement == "resource-quota":
+        return True, ""
+    return False, f"unknown requirement {requirement!r}"
+
+
+def hardware_matches(exp: Expectation, settings: E2ESettings) -> bool:
+    return exp.hardware == settings.hardware
+
+
+def summarize_devices(observed: Observed) -> Mapping[str, list[str]]:
+    """pod -> device names, for the demo table."""
+    from e2e.lib.expectations import container_devices
+
+    out: dict[str, list[str]] = {}
+    for pod in observed.pods:
+        names: set[str] = set()
+        for ctr in pod["spec"].get("containers", []):
+            names |= {d.device for d in container_devices(pod, ctr["name"], observed.claims) if d.is_ours}
+        out[pod["metadata"]["name"]] = sorted(names)
+    return out

@@ -1,0 +1,86 @@
+"""Prints the end-of-run summary: `python -m e2e.lib.report [--junit FILE]`.
+
+Rows come from the run report the tests wrote (`e2e/_artifacts/e2e-report.json`); timings from that report
+and from `e2e/_artifacts/build-times.json` (written by `e2e/cluster/build.sh` and `cluster.py up`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from e2e.lib.settings import ARTIFACTS_DIR
+from e2e.lib.summary import examples_table, load_report, render_table, timings_table
+
+TIMING_LABELS = {
+    "cluster_build_cold_s": "cluster build, cold (sum of component builds)",
+    "cluster_build_warm_s": "cluster build, warm (everything cached)",
+    "cluster_start_s": "cluster start (up to node Ready)",
+    "driver_plugin_ready_s": "driver install: plugin ready",
+    "driver_slices_published_s": "driver install: slices published",
+    "pod_create_to_running_s": "GPU pod create -> Running (median)",
+    "node_prepare_s": "  of which NodePrepareResources (median)",
+    "node_prepare_share_pct": "  NodePrepareResources share",
+}
+
+
+def build_timings(build_times: Mapping[str, Any]) -> dict[str, float]:
+    """Cold build = the sum of every component's recorded build time; cluster start from `cluster_start`."""
+    out: dict[str, float] = {}
+    components = build_times.get("components") or {}
+    cold = [float(c["build_s"]) for c in components.values() if isinstance(c, Mapping) and "build_s" in c]
+    if cold:
+        out["cluster_build_cold_s"] = sum(cold)
+    start = build_times.get("cluster_start") or {}
+    if "node_ready_s" in start:
+        out["cluster_start_s"] = float(start["node_ready_s"])
+    return out
+
+
+def junit_outcomes(path: Path) -> list[tuple[str, str, str]]:
+    """(test, outcome, first line of the message) from a pytest junit XML file."""
+    rows: list[tuple[str, str, str]] = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome, message = "pass", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = {"failure": "FAIL", "error": "ERROR", "skipped": "skip"}[tag]
+                message = (node.get("message") or "").splitlines()[0] if node.get("message") else ""
+                break
+        rows.append((case.get("name", ""), outcome, message))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.lib.report")
+    parser.add_argument("--report", default=str(ARTIFACTS_DIR / "e2e-report.json"))
+    parser.add_argument("--build-times", default=str(ARTIFACTS_DIR / "build-times.json"))
+    parser.add_argument("--junit")
+    args = parser.parse_args(argv)
+    report = load_report(Path(args.report))
+    timings = dict(report.timings_s)
+    bt_path = Path(args.build_times)
+    bt_text = bt_path.read_text() if bt_path.is_file() else ""
+    if bt_text.strip():
+        for key, value in build_timings(json.loads(bt_text)).items():
+            timings.setdefault(key, value)
+    print("\n== examples")
+    print(examples_table(report.rows) if report.rows else "(no example ran)")
+    if args.junit and Path(args.junit).exists():
+        print("\n== tests")
+        print(render_table(("test", "result", "message"), junit_outcomes(Path(args.junit)), max_width=90))
+    print("\n== timings")
+    print(timings_table(timings, TIMING_LABELS))
+    for note in report.notes:
+        print(f"note: {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Where the end-to-end suite finds things: one frozen object built from the environment.
+
+Every knob has a default that matches the local cluster (`e2e/cluster/up.sh`), so `pytest e2e` works after
+`make cluster-up`; the kind path (`e2e/kind/run.sh`) sets `DRA_GPU_E2E_MODE=in-cluster` and its kubeconfig.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS_DIR = REPO_ROOT / "e2e" / "_artifacts"
+DRIVER_NAME = "gpu.nvidia.com"
+
+
+class DriverMode(Enum):
+    """How the driver runs: host processes next to the local kubelet, or the Helm chart's pods (kind)."""
+
+    HOST = "host"
+    IN_CLUSTER = "in-cluster"
+
+
+@dataclass(frozen=True)
+class E2ESettings:
+    kubeconfig: Path
+    mode: DriverMode
+    artifacts: Path
+    driver_root: Path  # simulated NVIDIA driver root (host mode: on this machine; kind: inside the node)
+    hardware: str
+    cdi_root: Path
+    kubelet_dir: Path
+    test_image: str
+    node_name: str | None  # None: the cluster's only node
+    plugin_port: int
+    webhook_port: int
+    namespace_prefix: str
+    chart_namespace: str  # where the chart runs in in-cluster mode
+    pod_timeout_s: float
+
+    @property
+    def plugin_endpoint(self) -> str:
+        return f"127.0.0.1:{self.plugin_port}"
+
+
+def _kubernetes_version_env() -> dict[str, str]:
+    """`e2e/cluster/versions.env` as a dict (KEY=VALUE lines), empty when the file is missing."""
+    path = REPO_ROOT / "e2e" / "cluster" / "versions.env"
+    values: dict[str, str] = {}
+    if not path.exists():
+        return values
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip().strip('"')
+    return values
+
+
+def cluster_bin_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """The directory where `e2e/cluster/build.sh` puts the pinned binaries (kubectl, helm, ...)."""
+    cache = Path(env.get("DRA_GPU_CACHE") or Path.home() / ".cache" / "dra-gpu")
+    version = _kubernetes_version_env().get("KUBERNETES_VERSION", "v1.36.3")
+    return cache / "k8s" / version / "bin"
+
+
+def pinned_kubernetes_version() -> str:
+    return _kubernetes_version_env().get("KUBERNETES_VERSION", "v1.36.3")
+
+
+def _int(env: Mapping[str, str], key: str, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"{key}={raw!r} is not an integer; unset it or give a port number") from exc
+
+
+def load_settings(env: Mapping[str, str] = os.environ) -> E2ESettings:
+    artifacts = Path(env.get("DRA_GPU_E2E_ARTIFACTS") or ARTIFACTS_DIR)
+    raw_mode = env.get("DRA_GPU_E2E_MODE", DriverMode.HOST.value)
+    try:
+        mode = DriverMode(raw_mode)
+    except ValueError:
+        allowed = ", ".join(m.value for m in DriverMode)
+        raise ValueError(f"DRA_GPU_E2E_MODE={raw_mode!r} is not one of: {allowed}") from None
+    kubeconfig = env.get("DRA_GPU_E2E_KUBECONFIG") or str(artifacts / "kubeconfig")
+    if not Path(kubeconfig).exists() and env.get("KUBECONFIG"):
+        kubeconfig = env["KUBECONFIG"].split(os.pathsep)[0]
+    default_root = artifacts / "driver-root" if mode is DriverMode.HOST else Path("/opt/dra-gpu/driver-root")
+    return E2ESettings(
+        kubeconfig=Path(kubeconfig),
+        mode=mode,
+        artifacts=artifacts,
+        driver_root=Path(env.get("DRA_GPU_E2E_DRIVER_ROOT") or default_root),
+        hardware=env.get("DRA_GPU_E2E_HARDWARE", "dgx-h100"),
+        cdi_root=Path(env.get("DRA_GPU_E2E_CDI_ROOT", "/var/run/cdi")),
+        kubelet_dir=Path(env.get("DRA_GPU_E2E_KUBELET_DIR", "/var/lib/kubelet")),
+        test_image=env.get("DRA_GPU_E2E_TEST_IMAGE", "registry.local/busybox:1"),
+        node_name=env.get("DRA_GPU_E2E_NODE") or None,
+        plugin_port=_int(env, "DRA_GPU_E2E_PLUGIN_PORT", 18080),
+        webhook_port=_int(env, "DRA_GPU_E2E_WEBHOOK_PORT", 18443),
+        namespace_prefix=env.get("DRA_GPU_E2E_NS_PREFIX", "e2e-"),
+        chart_namespace=env.get("DRA_GPU_E2E_CHART_NAMESPACE", "dra-gpu"),
+        pod_timeout_s=float(env.get("DRA_GPU_E2E_POD_TIMEOUT", "120")),
+    )

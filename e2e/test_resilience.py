@@ -1,0 +1,196 @@
+"""The driver under disturbance on a real cluster: kubelet restarts, plugin crashes, bad input.
+
+Upstream's e2e suites assert the same things users depend on (nvidia-conventions §15): an unmatchable selector
+leaves the pod Pending with a clear event; no leaked claims or devices; slices come back after a wipe.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.lib.claims import is_allocated, pod_claim_names
+from e2e.lib.cluster_control import restart_local_kubelet
+from e2e.lib.driver import DriverControl, HostDriver
+from e2e.lib.example_runner import cluster_has
+from e2e.lib.incluster import InClusterDriver
+from e2e.lib.kubectl import Kubectl
+from e2e.lib.settings import DRIVER_NAME, E2ESettings
+from e2e.lib.waiting import namespace_report, wait_for_pods, wait_until
+from e2e.lib.workloads import claim, claim_template, gpu_config_time_slicing, pod_with_template
+
+
+def _node_slices(kubectl: Kubectl, node: str) -> list[dict[str, Any]]:
+    out = kubectl.run(
+        "get",
+        "resourceslices.resource.k8s.io",
+        "-o",
+        "json",
+        f"--field-selector=spec.nodeName={node},spec.driver={DRIVER_NAME}",
+    ).stdout
+    items: list[dict[str, Any]] = json.loads(out).get("items", [])
+    return items
+
+
+def _device_names(slices: list[dict[str, Any]]) -> set[str]:
+    names: set[str] = set()
+    for s in slices:
+        spec = s.get("spec")
+        assert isinstance(spec, dict)
+        names |= {d["name"] for d in spec.get("devices") or []}
+    return names
+
+
+def _apply(kubectl: Kubectl, *docs: dict[str, Any]) -> None:
+    kubectl.apply(yaml.safe_dump_all(list(docs)))
+
+
+@pytest.mark.e2e
+@pytest.mark.disruptive
+def test_slices_republished_after_kubelet_restart_wipes_them(
+    kubectl: Kubectl, driver: DriverControl, settings: E2ESettings, namespace: str
+) -> None:
+    before = _node_slices(kubectl, driver.node_name)
+    assert before, "the driver has published no ResourceSlices to start with"
+    devices_before = _device_names(before)
+    uids_before = {s["metadata"]["uid"] for s in before}
+    if isinstance(driver, InClusterDriver):
+        driver.restart_kubelet()
+    else:
+        restart_local_kubelet()
+
+    def republished() -> bool:
+        now = _node_slices(kubectl, driver.node_name)
+        uids = {s["metadata"]["uid"] for s in now}
+        # New objects (the kubelet wiped the old ones at start-up) carrying the same devices.
+        return bool(now) and not (uids & uids_before) and _device_names(now) == devices_before
+
+    wait_until(
+        republished,
+        timeout_s=120,
+        what="the node's ResourceSlices to be wiped and republished",
+        explain=lambda: (
+            f"slices now: {[s['metadata']['name'] for s in _node_slices(kubectl, driver.node_name)]}"
+            f"\n{driver.log_tail()}"
+        ),
+    )
+    # And the node still serves claims through the re-registered plugin.
+    _apply(
+        kubectl,
+        claim_template(namespace, "gpu"),
+        pod_with_template(namespace, "pod", "gpu", settings.test_image),
+    )
+    wait_for_pods(
+        kubectl,
+        namespace,
+        ["pod"],
+        phases=("Running",),
+        timeout_s=settings.pod_timeout_s,
+        driver_log_tail=driver.log_tail,
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.disruptive
+def test_plugin_killed_during_pod_startup_then_pod_comes_up(
+    kubectl: Kubectl, driver: DriverControl, settings: E2ESettings, namespace: str
+) -> None:
+    """SIGKILL the plugin in the middle of NodePrepareResources; after a restart the pod still starts.
+
+    Host mode uses the plugin's fault points (`DRA_GPU_FAULT_KILL_AT=prepare-group-0`: the process kills
+    itself after the sharing step began and before the CDI spec exists); in-cluster mode deletes the plugin
+    pod as soon as the pod is scheduled.
+    """
+    template = claim_template(namespace, "gpu", config=gpu_config_time_slicing("Long"))
+    pod = pod_with_template(namespace, "pod", "gpu", settings.test_image)
+    if isinstance(driver, HostDriver):
+        driver.stop_plugin()
+        driver.start_plugin(env={"DRA_GPU_FAULT_KILL_AT": "prepare-group-0"})
+        driver.wait_plugin_ready()
+        _apply(kubectl, template, pod)
+        driver.wait_plugin_exit(timeout_s=settings.pod_timeout_s)
+        assert "fault injection: killing process at step prepare-group-0" in driver.log_tail(200)
+        current = kubectl.get_json("pod", "pod", namespace)
+        assert current["status"].get("phase") == "Pending", "the pod ran although its prepare was killed"
+        time.sleep(2)
+        driver.start_plugin()
+    else:
+        _apply(kubectl, template, pod)
+        wait_until(
+            lambda: kubectl.get_json("pod", "pod", namespace)["spec"].get("nodeName"),
+            timeout_s=60,
+            what="the pod to be scheduled",
+        )
+        driver.kill_plugin()
+        driver.start_plugin()
+    driver.wait_plugin_ready()
+    pods = wait_for_pods(
+        kubectl,
+        namespace,
+        ["pod"],
+        phases=("Running",),
+        timeout_s=settings.pod_timeout_s,
+        driver_log_tail=driver.log_tail,
+    )
+    claim_name = pod_claim_names(pods["pod"])["gpu"]
+    claim_obj = kubectl.get_json("resourceclaims.resource.k8s.io", claim_name, namespace)
+    assert is_allocated(claim_obj)
+    state = driver.sim_state()
+    slices = {d["name"]: d for s in _node_slices(kubectl, driver.node_name) for d in s["spec"]["devices"]}
+    device = claim_obj["status"]["allocation"]["devices"]["results"][0]["device"]
+    uuid = slices[device]["attributes"]["uuid"]["string"]
+    gpu = next(g for g in state["gpus"] if g["uuid"] == uuid)
+    assert gpu["timeslice"] == 3, (
+        f"time slice of {device} after the restart: {gpu['timeslice']}, expected 3 (Long)"
+    )
+
+
+@pytest.mark.e2e
+def test_unmatchable_selector_leaves_pod_pending_with_clear_event(
+    kubectl: Kubectl, driver: DriverControl, settings: E2ESettings, namespace: str
+) -> None:
+    selector = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA Z9000'"
+    _apply(
+        kubectl,
+        claim_template(namespace, "nothing", selector=selector),
+        pod_with_template(namespace, "pod", "nothing", settings.test_image),
+    )
+
+    def failed_scheduling() -> list[str] | None:
+        events = [e for e in kubectl.events(namespace, "pod") if e.get("reason") == "FailedScheduling"]
+        return [e.get("message", "") for e in events] or None
+
+    messages = wait_until(
+        failed_scheduling,
+        timeout_s=60,
+        what="a FailedScheduling event for the pod",
+        explain=lambda: namespace_report(kubectl, namespace, driver.log_tail),
+    )
+    assert any("cannot allocate all claims" in m for m in messages), messages
+    time.sleep(5)
+    pod = kubectl.get_json("pod", "pod", namespace)
+    assert pod["status"].get("phase") == "Pending" and not pod["spec"].get("nodeName")
+    claim_name = pod_claim_names(pod).get("gpu")
+    if claim_name:
+        assert not is_allocated(kubectl.get_json("resourceclaims.resource.k8s.io", claim_name, namespace))
+
+
+@pytest.mark.e2e
+def test_webhook_rejects_bad_config_naming_the_field(
+    kubectl: Kubectl, driver: DriverControl, namespace: str
+) -> None:
+    ok, why = cluster_has("webhook", kubectl)
+    if not ok:
+        pytest.skip(why)
+    bad = claim(namespace, "bad", gpu_config_time_slicing("VeryLong"))
+    result = kubectl.try_apply(yaml.safe_dump(bad))
+    assert result.returncode != 0, f"a claim with interval VeryLong was accepted: {result.stdout}"
+    assert "denied the request" in result.stderr, result.stderr
+    assert "sharing.timeSlicingConfig.interval" in result.stderr, result.stderr
+    # The same claim with a valid value goes through the same webhook.
+    good = claim(namespace, "good", gpu_config_time_slicing("Medium"))
+    assert kubectl.try_apply(yaml.safe_dump(good)).returncode == 0

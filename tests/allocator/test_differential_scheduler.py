@@ -1,0 +1,217 @@
+"""Differential check: our allocator and the real kube-scheduler agree on feasible / infeasible.
+
+Hypothesis draws small inventories (1-2 nodes, up to 3 devices each, optional shared counters and taints) and a
+claim (1-2 requests, selectors, counts, constraints, firstAvailable). The same objects go to the API server: Nodes
+(no kubelet: status is patched), ResourceSlices, DeviceClasses, the ResourceClaim and a Pod that uses it. The pod
+must be bound by the scheduler exactly when our allocator finds an allocation.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dra_gpu.allocator.pools import Node
+from tests.allocator.builders import consumes, device, resource_slice, run
+
+pytestmark = [pytest.mark.scheduler, pytest.mark.apiserver]
+
+DRIVER = f"diff-{uuid.uuid4().hex[:8]}.example.com"
+PREFIX = DRIVER.split(".")[0]
+CLASSES = [
+    {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": f"{PREFIX}-{kind}"},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && "
+                                                      f"device.attributes['{DRIVER}'].type == '{kind}'"}}]},
+    }
+    for kind in ("gpu", "mig")
+]
+SELECTORS = [
+    f"device.attributes['{DRIVER}'].model == 'a'",
+    f"device.attributes['{DRIVER}'].numa == 1",
+    f"device.capacity['{DRIVER}'].memory.compareTo(quantity('40Gi')) >= 0",
+]
+TAINT = {"key": "example.com/broken", "value": "yes", "effect": "NoSchedule"}
+
+device_spec = st.fixed_dictionaries({
+    "kind": st.sampled_from(["gpu", "mig"]),
+    "model": st.sampled_from(["a", "b"]),
+    "numa": st.integers(0, 1),
+    "memory": st.sampled_from(["10Gi", "40Gi"]),
+    "tainted": st.sampled_from([False, False, True]),
+    "counted": st.booleans(),
+})
+node_spec = st.fixed_dictionaries({
+    "devices": st.lists(device_spec, min_size=0, max_size=3),
+    "counter": st.sampled_from(["40Gi", "50Gi"]),
+})
+request_spec = st.fixed_dictionaries({
+    "kind": st.sampled_from(["gpu", "mig"]),
+    "count": st.integers(1, 2),
+    "selector": st.none() | st.sampled_from(range(len(SELECTORS))),
+    "tolerate": st.booleans(),
+    "fallback": st.none() | st.sampled_from(["gpu", "mig"]),
+})
+scenario_spec = st.fixed_dictionaries({
+    "nodes": st.lists(node_spec, min_size=1, max_size=2),
+    "requests": st.lists(request_spec, min_size=1, max_size=2),
+    "constraint": st.sampled_from([None, "match-numa", "distinct-model"]),
+})
+
+
+def build_objects(scenario: dict[str, Any], example: str) -> tuple[list[dict[str, Any]], list[Node], dict[str, Any]]:
+    slices: list[dict[str, Any]] = []
+    nodes: list[Node] = []
+    for index, node in enumerate(scenario["nodes"]):
+        name = f"{example}-n{index}"
+        nodes.append(Node(name, {"diff-example": example}))
+        devices = []
+        for position, spec in enumerate(node["devices"]):
+            devices.append(device(
+                f"dev-{position}", spec["kind"], attributes={"model": spec["model"], "numa": spec["numa"]},
+                capacity={"memory": spec["memory"]},
+                consumes=[consumes("mem", memory=spec["memory"])] if spec["counted"] else (),
+                taints=[TAINT] if spec["tainted"] else (),
+            ))
+        counted = any(spec["counted"] for spec in node["devices"])
+        if counted:
+            slices.append(resource_slice(f"{name}-counters", name, counters={"mem": {"memory": node["counter"]}},
+                                         count=2, driver=DRIVER))
+        if devices or not counted:
+            slices.append(resource_slice(f"{name}-devices", name, devices, count=2 if counted else 1,
+                                         driver=DRIVER))
+    requests = []
+    for index, spec in enumerate(scenario["requests"]):
+        body: dict[str, Any] = {"deviceClassName": f"{PREFIX}-{spec['kind']}", "count": spec["count"]}
+        if spec["selector"] is not None:
+            body["selectors"] = [{"cel": {"expression": SELECTORS[spec["selector"]]}}]
+        if spec["tolerate"]:
+            body["tolerations"] = [{"key": TAINT["key"], "operator": "Exists"}]
+        if spec["fallback"]:
+            fallback = {"name": "fallback", "deviceClassName": f"{PREFIX}-{spec['fallback']}", "count": 1}
+            requests.append({"name": f"r{index}", "firstAvailable": [{"name": "main", **body}, fallback]})
+        else:
+            requests.append({"name": f"r{index}", "exactly": body})
+    devices_spec: dict[str, Any] = {"requests": requests}
+    if scenario["constraint"] == "match-numa":
+        devices_spec["constraints"] = [{"matchAttribute": f"{DRIVER}/numa"}]
+    elif scenario["constraint"] == "distinct-model":
+        devices_spec["constraints"] = [{"distinctAttribute": f"{DRIVER}/model"}]
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": f"{example}-claim", "namespace": "default"}, "spec": {"devices": devices_spec}}
+    return slices, nodes, claim
+
+
+class Cluster:
+    def __init__(self, api_client: Any):
+        from kubernetes import client
+
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    def create_node(self, node: Node) -> None:
+        self.core.create_node({"apiVersion": "v1", "kind": "Node",
+                               "metadata": {"name": node.name, "labels": dict(node.labels)}})
+        capacity = {"cpu": "8", "memory": "32Gi", "pods": "110"}
+        self.core.patch_node_status(node.name, {"status": {
+            "capacity": capacity, "allocatable": capacity,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake"}],
+        }})
+
+    def create(self, plural: str, body: dict[str, Any], namespace: str | None = None) -> None:
+        if namespace:
+            self.custom.create_namespaced_custom_object("resource.k8s.io", "v1", namespace, plural, body)
+        else:
+            self.custom.create_cluster_custom_object("resource.k8s.io", "v1", plural, body)
+
+    def scheduled(self, pod: str, timeout: float = 30.0) -> bool:
+        """True when the scheduler binds the pod, False when it says Unschedulable (and stays so)."""
+        deadline = time.monotonic() + timeout
+        unschedulable_since: float | None = None
+        while time.monotonic() < deadline:
+            status = self.core.read_namespaced_pod(pod, "default")
+            if status.spec.node_name:
+                return True
+            conditions = status.status.conditions or []
+            if any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+                   for c in conditions):
+                unschedulable_since = unschedulable_since or time.monotonic()
+                if time.monotonic() - unschedulable_since > 3.0:
+                    return False
+            time.sleep(0.2)
+        raise AssertionError(f"pod {pod} neither scheduled nor unschedulable within {timeout}s")
+
+    def cleanup(self, example: str, slices: list[dict[str, Any]], nodes: list[Node]) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        def quietly(call: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                call(*args, **kwargs)
+            except ApiException:
+                pass
+
+        quietly(self.core.delete_namespaced_pod, f"{example}-pod", "default", grace_period_seconds=0)
+        quietly(self.custom.delete_namespaced_custom_object, "resource.k8s.io", "v1", "default", "resourceclaims",
+                f"{example}-claim")
+        for slice_obj in slices:
+            quietly(self.custom.delete_cluster_custom_object, "resource.k8s.io", "v1", "resourceslices",
+                    slice_obj["metadata"]["name"])
+        for node in nodes:
+            quietly(self.core.delete_node, node.name)
+
+
+@pytest.fixture(scope="module")
+def cluster(kube_scheduler: Any) -> Iterator[Cluster]:
+    api_client = kube_scheduler.api_client()
+    live = Cluster(api_client)
+    for device_class in CLASSES:
+        live.create("deviceclasses", device_class)
+    yield live
+    for device_class in CLASSES:
+        try:
+            live.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses",
+                                                     device_class["metadata"]["name"])
+        except Exception:
+            pass
+    api_client.close()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(scenario=scenario_spec)
+def test_feasibility_agrees_with_kube_scheduler(cluster: Cluster, scenario: dict[str, Any]) -> None:
+    example = f"{PREFIX}-{uuid.uuid4().hex[:6]}"
+    slices, nodes, claim = build_objects(scenario, example)
+    ours = run([claim], slices, classes=CLASSES, nodes=nodes)[0]
+    try:
+        for node in nodes:
+            cluster.create_node(node)
+        for slice_obj in slices:
+            cluster.create("resourceslices", slice_obj)
+        cluster.create("resourceclaims", claim, "default")
+        time.sleep(1.0)  # let the scheduler's informers see the slices before the pod arrives
+        cluster.core.create_namespaced_pod("default", {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{example}-pod"},
+            "spec": {
+                "nodeSelector": {"diff-example": example},
+                "resourceClaims": [{"name": "c", "resourceClaimName": claim["metadata"]["name"]}],
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                                "resources": {"claims": [{"name": "c"}]}}],
+                "terminationGracePeriodSeconds": 0,
+            },
+        })
+        theirs = cluster.scheduled(f"{example}-pod")
+    finally:
+        cluster.cleanup(example, slices, nodes)
+    assert ours.allocatable == theirs, (
+        f"allocator says {'feasible' if ours.allocatable else 'infeasible'} ({ours.reason}), kube-scheduler says "
+        f"{'feasible' if theirs else 'infeasible'}\nscenario: {scenario}\nclaim: {claim}\nslices: {slices}"
+    )

@@ -1,0 +1,238 @@
+"""The per-claim CDI spec: names, content, validation, atomic write and removal, driver discovery."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_gpu.cdi.driver_discovery import (
+    MigCapabilityError,
+    discover_driver_edits,
+    discover_from_driver_root,
+    mig_capability_minors,
+)
+from dra_gpu.cdi.spec_builder import (
+    CDI_KIND,
+    ClaimDevice,
+    DriverEdits,
+    build_claim_spec,
+    cdi_device_id,
+    claim_uid_from_file_name,
+    gpu_device_nodes,
+    mig_capability_nodes,
+    spec_file_name,
+)
+from dra_gpu.cdi.spec_validation import CdiSpecError, spec_problems, validate_spec
+from dra_gpu.cdi.spec_writer import CdiSpecWriter, CdiWriteError
+from dra_gpu.hardware.loader import open_hardware
+from dra_gpu.hardware.sim_driver_root import ci_cap_minor, gi_cap_minor, init_sim_driver_root
+from dra_gpu.sharing.interface import CdiDeviceNode, CdiEdits, CdiMount
+
+UID = "0f4e8a52-7d6b-4c1e-9a3e-2b1c5d6e7f80"
+
+
+@pytest.fixture(scope="module")
+def sim_root() -> Iterator[str]:
+    root = tempfile.mkdtemp(dir="/tmp", prefix="cdi-sim-")
+    init_sim_driver_root(root, "dgx-h100")
+    yield root
+    subprocess.run(["rm", "-rf", root], check=True)
+
+
+def spec_for(driver_root: str, driver: DriverEdits, group: CdiEdits | None = None) -> dict[str, Any]:
+    devices = [
+        ClaimDevice("gpu-0", ("GPU-aaa",), gpu_device_nodes(driver_root, 0), group or CdiEdits()),
+        ClaimDevice(
+            "gpu-1-mig-1g10gb-19-0",
+            ("MIG-bbb",),
+            gpu_device_nodes(driver_root, 1) + mig_capability_nodes(driver_root, (30, 31)),
+        ),
+    ]
+    return build_claim_spec(UID, "team-a/train", devices, driver)
+
+
+def test_names_follow_the_nvidia_convention() -> None:
+    assert spec_file_name(UID) == f"k8s.gpu.nvidia.com-claim_{UID}.json"
+    assert claim_uid_from_file_name(spec_file_name(UID)) == UID
+    assert claim_uid_from_file_name(f"k8s.gpu.nvidia.com-claim_{UID}.yaml") == UID
+    assert claim_uid_from_file_name("nvidia.yaml") is None
+    assert cdi_device_id(UID, "gpu-0") == f"k8s.gpu.nvidia.com/claim={UID}-gpu-0"
+
+
+def test_spec_content_with_a_separate_driver_root(sim_root: str) -> None:
+    driver = discover_from_driver_root(sim_root)
+    mps = CdiEdits(
+        env=("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",),
+        mounts=(CdiMount("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/x/pipe", "/tmp/nvidia-mps"),),
+    )
+    spec = spec_for(sim_root, driver, mps)
+    validate_spec(spec)
+    assert spec["kind"] == CDI_KIND and spec["cdiVersion"] == "0.6.0"
+    gpu, mig = spec["devices"]
+    assert gpu["name"] == f"{UID}-gpu-0"
+    assert gpu["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia0", "hostPath": f"{sim_root}/dev/nvidia0"}
+    ]
+    assert gpu["containerEdits"]["env"] == ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
+    assert [n["path"] for n in mig["containerEdits"]["deviceNodes"]] == [
+        "/dev/nvidia1",
+        "/dev/nvidia-caps/nvidia-cap30",
+        "/dev/nvidia-caps/nvidia-cap31",
+    ]
+    common = spec["containerEdits"]
+    assert "DRA_GPU_CLAIM=team-a/train" in common["env"]
+    assert "DRA_GPU_DEVICES=GPU-aaa,MIG-bbb" in common["env"]
+    assert not any(e.startswith("NVIDIA_VISIBLE_DEVICES") for e in common["env"])
+    assert {n["path"] for n in common["deviceNodes"]} == {
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+    }
+    libs = {m["containerPath"]: m for m in common["mounts"]}
+    ml = libs["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"]
+    assert ml["hostPath"] == f"{sim_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    assert "ro" in ml["options"] and "bind" in ml["options"]
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in libs and "/usr/bin/nvidia-smi" in libs
+    for mount in common["mounts"]:  # only files that exist are mounted
+        assert os.path.exists(mount["hostPath"]), mount
+
+
+def test_driver_at_root_has_no_host_paths() -> None:
+    nodes = gpu_device_nodes("/", 3)
+    assert nodes == (CdiDeviceNode(path="/dev/nvidia3", host_path=None),)
+    spec = build_claim_spec(UID, "a/b", [ClaimDevice("gpu-3", ("GPU-x",), nodes)], DriverEdits())
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia3"}]
+
+
+def test_mig_capability_minors_come_from_the_proc_files(sim_root: str) -> None:
+    hardware = open_hardware("dgx-h100", sim_root)
+    gpu = hardware.discover().gpus[2]
+    instance = hardware.create_mig_device(gpu.uuid, 19, 3)
+    try:
+        minors = mig_capability_minors(sim_root, gpu.minor, instance.gi_id, instance.ci_id)
+        assert minors == (
+            gi_cap_minor(gpu.minor, instance.gi_id),
+            ci_cap_minor(gpu.minor, instance.gi_id, instance.ci_id),
+        )
+    finally:
+        hardware.destroy_mig_device(gpu.uuid, instance.gi_id, instance.ci_id)
+    with pytest.raises(MigCapabilityError, match="gpu9"):
+        mig_capability_minors(sim_root, 9, 1, 0)
+
+
+def test_nvidia_ctk_is_used_when_present(tmp_path: Path, sim_root: str) -> None:
+    """A stand-in nvidia-ctk that writes a spec as the real one does: its common edits are taken."""
+    ctk = tmp_path / "nvidia-ctk"
+    generated = {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": [{"path": "/dev/nvidiactl"}],
+            "hooks": [
+                {
+                    "hookName": "createContainer",
+                    "path": "/usr/bin/nvidia-cdi-hook",
+                    "args": ["nvidia-cdi-hook", "update-ldcache"],
+                }
+            ],
+            "mounts": [
+                {
+                    "hostPath": "/x/libcuda.so.1",
+                    "containerPath": "/usr/lib/libcuda.so.1",
+                    "options": ["ro", "nosuid", "nodev", "bind"],
+                }
+            ],
+        },
+    }
+    ctk.write_text(
+        '#!/bin/sh\nfor a in "$@"; do case $a in --output=*) out=${a#--output=};; esac; done\n'
+        f"cat > \"$out\" <<'EOF'\n{json.dumps(generated)}\nEOF\n"
+    )
+    ctk.chmod(0o755)
+    edits = discover_driver_edits(sim_root, nvidia_ctk=str(ctk))
+    assert edits.source == "nvidia-ctk"
+    assert [h.path for h in edits.hooks] == ["/usr/bin/nvidia-cdi-hook"]
+    assert edits.env == ()  # NVIDIA_VISIBLE_DEVICES dropped: visibility is by device nodes
+    spec = build_claim_spec(UID, "a/b", [ClaimDevice("gpu-0", ("GPU-x",), gpu_device_nodes("/", 0))], edits)
+    validate_spec(spec)
+    assert spec["containerEdits"]["hooks"][0]["hookName"] == "createContainer"
+
+
+def test_failing_nvidia_ctk_falls_back_to_own_discovery(tmp_path: Path, sim_root: str) -> None:
+    ctk = tmp_path / "nvidia-ctk"
+    ctk.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
+    ctk.chmod(0o755)
+    assert discover_driver_edits(sim_root, nvidia_ctk=str(ctk)).source == "driver-root"
+
+
+def _valid() -> dict[str, Any]:
+    return build_claim_spec(
+        UID, "a/b", [ClaimDevice("gpu-0", ("GPU-x",), gpu_device_nodes("/", 0))], DriverEdits()
+    )
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [
+        (lambda s: s.update(cdiVersion="0.9.9"), "cdiVersion"),
+        (lambda s: s.update(kind="k8s.gpu.nvidia.com"), "kind"),
+        (lambda s: s.update(kind="-bad/claim"), "kind"),
+        (lambda s: s["devices"][0].update(name="bad name!"), "devices[0].name"),
+        (lambda s: s["devices"][0].update(name="x-"), "devices[0].name"),
+        (lambda s: s["devices"].append(copy.deepcopy(s["devices"][0])), "used twice"),
+        (lambda s: s["devices"][0].update(containerEdits={}), "at least one edit"),
+        (lambda s: s.update(devices=[]), "at least one device"),
+        (lambda s: s["containerEdits"].update(env=["NOEQUALS"]), "containerEdits.env[0]"),
+        (lambda s: s["devices"][0]["containerEdits"]["deviceNodes"].append({"path": "dev/x"}), "absolute"),
+        (
+            lambda s: s["containerEdits"].update(mounts=[{"hostPath": "/a", "containerPath": "rel"}]),
+            "containerPath",
+        ),
+        (lambda s: s["containerEdits"].update(hooks=[{"hookName": "onBoot", "path": "/x"}]), "hookName"),
+    ],
+)
+def test_validation_names_the_broken_rule(mutate: Any, fragment: str) -> None:
+    spec = _valid()
+    assert spec_problems(spec) == []
+    mutate(spec)
+    with pytest.raises(CdiSpecError) as err:
+        validate_spec(spec)
+    assert fragment in str(err.value)
+
+
+def test_writer_writes_atomically_and_removes(tmp_path: Path) -> None:
+    writer = CdiSpecWriter(tmp_path / "cdi")
+    path = writer.write(UID, _valid())
+    assert path == tmp_path / "cdi" / spec_file_name(UID)
+    assert json.loads(path.read_text()) == _valid()
+    assert oct(path.stat().st_mode & 0o777) == "0o644"  # container runtimes read it
+    assert writer.claim_uids() == {UID}
+    assert writer.remove(UID) is True
+    assert writer.remove(UID) is False
+    assert os.listdir(tmp_path / "cdi") == []
+
+
+def test_writer_refuses_an_invalid_spec_and_writes_nothing(tmp_path: Path) -> None:
+    writer = CdiSpecWriter(tmp_path)
+    spec = _valid()
+    spec["kind"] = "nope"
+    with pytest.raises(CdiSpecError):
+        writer.write(UID, spec)
+    assert os.listdir(tmp_path) == []
+
+
+def test_unwritable_cdi_root_names_the_file(tmp_path: Path) -> None:
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("")
+    with pytest.raises(CdiWriteError, match="file-not-dir"):
+        CdiSpecWriter(blocker / "cdi").write(UID, _valid())

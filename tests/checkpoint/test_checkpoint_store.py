@@ -1,0 +1,214 @@
+"""The checkpoint file: round trip, forward compatibility, reboots, atomic writes, the node-wide lock."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_gpu.checkpoint.checkpoint_store import (
+    API_VERSION,
+    Checkpoint,
+    CheckpointCorruptError,
+    CheckpointLockError,
+    CheckpointStore,
+    CheckpointWriteError,
+    ClaimEntry,
+    ClaimPhase,
+    PreparedDevice,
+    PreparedGroup,
+)
+
+
+def entry(uid: str, phase: ClaimPhase = ClaimPhase.PREPARE_COMPLETED) -> ClaimEntry:
+    return ClaimEntry(
+        uid=uid,
+        namespace="ns",
+        name=f"claim-{uid}",
+        phase=phase,
+        devices=(
+            PreparedDevice(
+                request="gpu/a100",
+                pool="node-a",
+                device="gpu-0",
+                share_id=None,
+                cdi_device_ids=(f"k8s.gpu.nvidia.com/claim={uid}-gpu-0",),
+            ),
+        ),
+        groups=(
+            PreparedGroup(
+                devices=("gpu-0",),
+                state={"timeSlice": {"GPU-1": 2}},
+                mig_instances={"gpu-0-mig-1g10gb-19-0": {"parentUUID": "GPU-1", "giID": 3, "ciID": 0}},
+            ),
+        ),
+    )
+
+
+def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    with store.locked():
+        cp = store.read()
+        assert cp.claims == {}
+        cp.claims["u1"] = entry("u1")
+        cp.claims["u2"] = entry("u2", ClaimPhase.PREPARE_STARTED)
+        store.write(cp)
+    again = CheckpointStore(tmp_path, boot_id="boot-1").read()
+    assert again.claims == cp.claims
+    raw = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert raw["apiVersion"] == API_VERSION and raw["bootID"] == "boot-1"
+    assert raw["claims"]["u2"]["checkpointState"] == "PrepareStarted"
+    assert oct((tmp_path / "checkpoint.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_unknown_fields_survive_a_rewrite(tmp_path: Path) -> None:
+    """A newer plugin version added fields; an older one must keep them when it rewrites the file."""
+    store = CheckpointStore(tmp_path, boot_id="b")
+    doc = Checkpoint(boot_id="b", claims={"u1": entry("u1")}).to_json()
+    doc["futureTopLevel"] = {"x": 1}
+    doc["claims"]["u1"]["futureClaimField"] = "keep"
+    doc["claims"]["u1"]["devices"][0]["futureDeviceField"] = [1, 2]
+    doc["claims"]["u1"]["groups"][0]["futureGroupField"] = True
+    (tmp_path / "checkpoint.json").write_text(json.dumps(doc))
+    with store.locked():
+        cp = store.read()
+        cp.claims["u2"] = entry("u2")
+        store.write(cp)
+    raw = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert raw["futureTopLevel"] == {"x": 1}
+    assert raw["claims"]["u1"]["futureClaimField"] == "keep"
+    assert raw["claims"]["u1"]["devices"][0]["futureDeviceField"] == [1, 2]
+    assert raw["claims"]["u1"]["groups"][0]["futureGroupField"] is True
+    assert set(raw["claims"]) == {"u1", "u2"}
+
+
+def test_checkpoint_from_another_boot_reads_empty_but_keeps_claims_for_cleanup(tmp_path: Path) -> None:
+    before = CheckpointStore(tmp_path, boot_id="boot-1")
+    with before.locked():
+        before.write(Checkpoint(boot_id="boot-1", claims={"u1": entry("u1")}))
+    after = CheckpointStore(tmp_path, boot_id="boot-2").read()
+    assert after.claims == {}
+    assert set(after.previous_boot_claims) == {"u1"}
+    assert after.boot_id == "boot-2"
+
+
+def test_real_boot_id_is_recorded(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    assert store.boot_id == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "expected an object"),
+        (json.dumps({"apiVersion": "checkpoint.gpu.nvidia.com/v9", "claims": {}}), "v9"),
+        (json.dumps({"apiVersion": API_VERSION, "claims": {"u": {"name": "x"}}}), "malformed claim"),
+    ],
+)
+def test_unreadable_checkpoint_is_refused_with_the_file_named(
+    tmp_path: Path, content: str, fragment: str
+) -> None:
+    (tmp_path / "checkpoint.json").write_text(content)
+    with pytest.raises(CheckpointCorruptError) as err:
+        CheckpointStore(tmp_path, boot_id="b").read()
+    assert str(tmp_path / "checkpoint.json") in str(err.value) and fragment in str(err.value)
+
+
+@pytest.fixture
+def tiny_tmpfs() -> Iterator[Path]:
+    """A 64 KiB tmpfs: a real ENOSPC when a write does not fit."""
+    mount_point = Path(tempfile.mkdtemp(dir="/tmp", prefix="cp-full-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)], check=True)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+        mount_point.rmdir()
+
+
+def test_disk_full_leaves_the_old_checkpoint_intact(tiny_tmpfs: Path) -> None:
+    store = CheckpointStore(tiny_tmpfs, boot_id="b")
+    with store.locked():
+        store.write(Checkpoint(boot_id="b", claims={"u1": entry("u1")}))
+    before = (tiny_tmpfs / "checkpoint.json").read_bytes()
+    huge = Checkpoint(boot_id="b", claims={f"u{i}": entry(f"u{i}") for i in range(400)})
+    with store.locked(), pytest.raises(CheckpointWriteError) as err:
+        store.write(huge)
+    assert "disk full" in str(err.value) and str(tiny_tmpfs / "checkpoint.json") in str(err.value)
+    assert (tiny_tmpfs / "checkpoint.json").read_bytes() == before
+    assert sorted(os.listdir(tiny_tmpfs)) == ["checkpoint.json", "checkpoint.lock"]  # no temp file left
+
+
+def test_read_only_directory_is_a_write_error(tmp_path: Path) -> None:
+    mount_point = Path(tempfile.mkdtemp(dir="/tmp", prefix="cp-ro-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], check=True)
+    try:
+        store = CheckpointStore(mount_point, boot_id="b")
+        with store.locked():
+            store.write(Checkpoint(boot_id="b", claims={"u1": entry("u1")}))
+        subprocess.run(["mount", "-o", "remount,ro", str(mount_point)], check=True)
+        with store.locked(), pytest.raises(CheckpointWriteError) as err:
+            store.write(Checkpoint(boot_id="b"))
+        assert "Read-only" in str(err.value)
+        assert set(store.read().claims) == {"u1"}
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+        mount_point.rmdir()
+
+
+def _hold_lock(directory: str, held: multiprocessing.synchronize.Event, release: float) -> None:
+    store = CheckpointStore(directory, boot_id="b")
+    with store.locked():
+        held.set()
+        time.sleep(release)
+
+
+def test_lock_excludes_another_process(tmp_path: Path) -> None:
+    held = multiprocessing.get_context("fork").Event()
+    proc = multiprocessing.get_context("fork").Process(target=_hold_lock, args=(str(tmp_path), held, 1.0))
+    proc.start()
+    try:
+        assert held.wait(10)
+        impatient = CheckpointStore(tmp_path, boot_id="b", lock_timeout_s=0.2)
+        with pytest.raises(CheckpointLockError, match="another plugin instance"), impatient.locked():
+            pass
+        patient = CheckpointStore(tmp_path, boot_id="b", lock_timeout_s=10)
+        started = time.monotonic()
+        with patient.locked():
+            waited = time.monotonic() - started
+        assert waited > 0.3  # it had to wait for the other process to let go
+    finally:
+        proc.join(10)
+
+
+def test_threads_never_interleave_read_modify_write(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, boot_id="b")
+
+    def add(i: int) -> None:
+        with store.locked():
+            cp = store.read()
+            cp.claims[f"u{i}"] = entry(f"u{i}")
+            store.write(cp)
+
+    threads = [threading.Thread(target=add, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(store.read().claims) == 40
+
+
+def test_lock_is_reentrant_in_one_thread(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, boot_id="b")
+    with store.locked(), store.locked():
+        store.write(Checkpoint(boot_id="b", claims={"u": entry("u")}))
+    assert set(store.read().claims) == {"u"}

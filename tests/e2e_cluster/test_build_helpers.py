@@ -1,0 +1,87 @@
+"""Helpers behind e2e/cluster/build.sh and the control-plane fixture (no Kubernetes binaries needed)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.support.control_plane import (
+    Pki,
+    feature_gate_flag,
+    parse_feature_gates_help,
+    read_versions,
+)
+
+
+def _load_gomod_localize() -> ModuleType:
+    from e2e.cluster import gomod_localize
+
+    return gomod_localize
+
+
+def test_local_replaces_are_dropped_and_placeholders_pinned() -> None:
+    gomod = {
+        "Require": [
+            {"Path": "k8s.io/api", "Version": "v0.0.0"},
+            {"Path": "go.etcd.io/etcd/api/v3", "Version": "v3.6.16"},
+            {"Path": "example.com/remote", "Version": "v1.0.0"},
+        ],
+        "Replace": [
+            {"Old": {"Path": "k8s.io/api"}, "New": {"Path": "./staging/src/k8s.io/api"}},
+            {"Old": {"Path": "go.etcd.io/etcd/api/v3"}, "New": {"Path": "../api"}},
+            {"Old": {"Path": "example.com/remote"}, "New": {"Path": "example.com/fork", "Version": "v1.2.0"}},
+        ],
+    }
+    edits = _load_gomod_localize().localize_edits(gomod, "v0.36.3")
+    assert edits == [
+        "-dropreplace=k8s.io/api",
+        "-require=k8s.io/api@v0.36.3",
+        "-dropreplace=go.etcd.io/etcd/api/v3",
+    ]
+
+
+def test_localize_rejects_a_version_without_v() -> None:
+    with pytest.raises(ValueError, match="staging version"):
+        _load_gomod_localize().localize_edits({}, "0.36.3")
+
+
+def test_feature_gates_are_parsed_from_help_and_filtered() -> None:
+    help_text = """
+      --feature-gates mapStringBool    A set of key=value pairs that describe feature gates. Options are:
+                                       APIResponseCompression=true|false (BETA - default=true)
+                                       kube:DRAConsumableCapacity=true|false (BETA - default=true)
+                                       kube:AllAlpha=true|false (ALPHA - default=false)
+      --help                           help for kube-apiserver
+    """
+    gates = parse_feature_gates_help(help_text)
+    assert gates == {"APIResponseCompression", "DRAConsumableCapacity", "AllAlpha"}
+    assert feature_gate_flag(["DRAConsumableCapacity", "GoneGate"], gates) == "DRAConsumableCapacity=true"
+
+
+def test_versions_file_pins_every_component() -> None:
+    versions = read_versions()
+    for key in ("KUBERNETES_VERSION", "ETCD_VERSION", "CONTAINERD_VERSION", "RUNC_VERSION"):
+        assert versions[key].startswith("v"), key
+
+
+def test_pki_issues_a_server_certificate_the_ca_verifies(tmp_path: Path) -> None:
+    pki = Pki(tmp_path / "pki")
+    pair = pki.issue("srv", "kube-apiserver", ips=["127.0.0.1"], dns=["localhost"], server=True)
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(pki.ca.cert), str(pair.cert)], capture_output=True, text=True
+    )
+    assert verify.returncode == 0, verify.stderr
+    text = subprocess.run(
+        ["openssl", "x509", "-in", str(pair.cert), "-noout", "-text"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "IP Address:127.0.0.1" in text
+    assert "DNS:localhost" in text
+    assert "TLS Web Server Authentication" in text
+    # Issuing again reuses the files rather than minting a new key.
+    assert pki.issue("srv", "kube-apiserver").key.read_bytes() == pair.key.read_bytes()

@@ -1,0 +1,242 @@
+"""The expect.yaml interpreter on real examples' expectations and hand-built cluster snapshots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.lib.container_report import ContainerReport
+from e2e.lib.expectations import (
+    Observed,
+    check_all,
+    check_hardware_reset,
+    leftover_cdi_specs,
+    mig_placement_of,
+    mps_limit_bytes,
+)
+from tests.deploy.expect_model import load_expectation
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+GPU0 = "GPU-aaaa"
+NODE = "node-a"
+
+
+def _gpu_device(name: str, uuid: str, dtype: str = "gpu", **attrs: Any) -> dict[str, Any]:
+    attributes = {
+        "type": {"string": dtype},
+        "uuid": {"string": uuid},
+        "productName": {"string": "NVIDIA H100"},
+    }
+    for key, value in attrs.items():
+        attributes[key] = {"string": value} if isinstance(value, str) else {"int": value}
+    return {"name": name, "attributes": attributes, "capacity": {"memory": {"value": "80Gi"}}}
+
+
+def _claim(name: str, uid: str, results: list[tuple[str, str]], reserved: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": uid},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": req, "driver": "gpu.nvidia.com", "pool": NODE, "device": dev}
+                        for req, dev in results
+                    ]
+                }
+            },
+            "reservedFor": [{"name": f"p{i}"} for i in range(reserved)],
+        },
+    }
+
+
+def _pod(
+    name: str,
+    claim_ref: dict[str, str],
+    containers: list[dict[str, Any]],
+    phase: str = "Running",
+    status_claims: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {}},
+        "spec": {"resourceClaims": [claim_ref], "containers": containers},
+        "status": {"phase": phase, "resourceClaimStatuses": status_claims or []},
+    }
+
+
+def _state(gpus: list[dict[str, Any]], mps: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"hardware": "dgx-h100", "gpus": gpus, "mps": mps or {}}
+
+
+def _gpu_state(uuid: str, **changes: Any) -> dict[str, Any]:
+    return {
+        "uuid": uuid,
+        "compute_mode": 0,
+        "timeslice": 0,
+        "mig_current": False,
+        "gpu_instances": [],
+        **changes,
+    }
+
+
+REPORT = ContainerReport(
+    env={"CUDA_MPS_PIPE_DIRECTORY": "/mps/pipe"}, devices=("/dev/nvidia0", "/dev/nvidiactl"), complete=True
+)
+
+
+def _mps_observed(pct: int = 50, limit: str = "10G", second_device: str = "gpu-0") -> Observed:
+    ctr = [{"name": "ctr", "resources": {"claims": [{"name": "gpu"}]}}]
+    ref = {"name": "gpu", "resourceClaimName": "mps-gpu"}
+    pods = [_pod("pod0", ref, ctr), _pod("pod1", ref, ctr)]
+    claims = [_claim("mps-gpu", "uid-1", [("gpu", "gpu-0")], reserved=2)]
+    if second_device != "gpu-0":  # a broken cluster: the second pod sees another claim's device
+        claims.append(_claim("other", "uid-2", [("gpu", second_device)]))
+        pods[1]["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "other"}]
+    mps = {
+        "/pipe": {
+            "running": True,
+            "visible_devices": [GPU0],
+            "default_active_thread_percentage": pct,
+            "default_pinned_mem_limits": {GPU0: limit},
+        }
+    }
+    return Observed(
+        pods=pods,
+        claims=claims,
+        slice_devices={
+            (NODE, "gpu-0"): _gpu_device("gpu-0", GPU0),
+            (NODE, "gpu-1"): _gpu_device("gpu-1", "GPU-b"),
+        },
+        reports={"pod0/ctr": REPORT, "pod1/ctr": REPORT},
+        sim_before=_state([_gpu_state(GPU0)]),
+        sim_now=_state([_gpu_state(GPU0, compute_mode=3)], mps),
+    )
+
+
+def test_mps_example_holds_on_a_matching_snapshot() -> None:
+    exp = load_expectation(EXAMPLES / "mps-limits" / "expect.yaml")
+    assert check_all(exp, _mps_observed()) == []
+
+
+def test_mps_example_reports_every_broken_promise() -> None:
+    exp = load_expectation(EXAMPLES / "mps-limits" / "expect.yaml")
+    failures = check_all(exp, _mps_observed(pct=100, limit="8G", second_device="gpu-1"))
+    text = "\n".join(failures)
+    assert "active thread percentage 100, expected 50" in text
+    assert "expected 10Gi each" in text
+    assert "sameDevices" in text and "reservedFor" not in text
+
+
+def test_missing_container_report_is_a_failure_not_a_crash() -> None:
+    exp = load_expectation(EXAMPLES / "mps-limits" / "expect.yaml")
+    observed = _mps_observed()
+    observed = Observed(**{**observed.__dict__, "reports": {}})
+    assert any("has not printed" in f for f in check_all(exp, observed))
+
+
+def test_mig_instances_created_for_the_claim_are_matched_by_placement() -> None:
+    exp = load_expectation(EXAMPLES / "mig-mixed-profiles" / "expect.yaml")
+    devices = {
+        "gpu-0-mig-1g10gb-19-0": "1g.10gb",
+        "gpu-0-mig-1g10gb-19-1": "1g.10gb",
+        "gpu-0-mig-2g20gb-14-2": "2g.20gb",
+        "gpu-0-mig-3g40gb-9-4": "3g.40gb",
+    }
+    slice_devices = {
+        (NODE, n): {
+            "name": n,
+            "attributes": {
+                "type": {"string": "mig"},
+                "profile": {"string": p},
+                "parentUUID": {"string": GPU0},
+            },
+        }
+        for n, p in devices.items()
+    }
+    requests = {"1g.10gb": "mig-1g", "2g.20gb": "mig-2g", "3g.40gb": "mig-3g"}
+    claim = _claim("pod-mig-devices-x", "uid-m", [(requests[p], n) for n, p in devices.items()])
+    ctrs = [
+        {"name": f"ctr-{g}", "resources": {"claims": [{"name": "mig-devices", "request": f"mig-{g}"}]}}
+        for g in ("1g", "2g", "3g")
+    ]
+    pod = _pod(
+        "pod",
+        {"name": "mig-devices", "resourceClaimTemplateName": "mig-mixed"},
+        ctrs,
+        status_claims=[{"name": "mig-devices", "resourceClaimName": "pod-mig-devices-x"}],
+    )
+    caps = ("/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2")
+    reports = {
+        "pod/ctr-1g": ContainerReport(devices=("/dev/nvidia0", *caps, *caps), complete=True),
+        "pod/ctr-2g": ContainerReport(devices=("/dev/nvidia0", *caps), complete=True),
+        "pod/ctr-3g": ContainerReport(devices=("/dev/nvidia0", *caps), complete=True),
+    }
+    gis = [
+        {
+            "profile_id": int(n.split("-")[-2]),
+            "start": int(n.split("-")[-1]),
+            "gi_id": i,
+            "size": 1,
+            "compute_instances": [{"uuid": f"MIG-{i}"}],
+        }
+        for i, n in enumerate(devices)
+    ]
+    observed = Observed(
+        pods=[pod],
+        claims=[claim],
+        slice_devices=slice_devices,
+        reports=reports,
+        sim_before=_state([_gpu_state(GPU0)]),
+        sim_now=_state([_gpu_state(GPU0, mig_current=True, gpu_instances=gis)]),
+    )
+    assert check_all(exp, observed) == []
+    # A snapshot in which one instance was not created fails with the placement named.
+    observed_missing = Observed(
+        **{**observed.__dict__, "sim_now": _state([_gpu_state(GPU0, gpu_instances=gis[1:])])}
+    )
+    assert any("no MIG instance (19, 0)" in f for f in check_all(exp, observed_missing))
+
+
+def test_pending_pod_needs_its_event() -> None:
+    exp = load_expectation(EXAMPLES / "negative-unmatched-selector" / "expect.yaml")
+    pod = _pod(
+        "pod",
+        {"name": "gpu", "resourceClaimTemplateName": "t"},
+        [],
+        phase="Pending",
+        status_claims=[{"name": "gpu", "resourceClaimName": "pod-gpu-1"}],
+    )
+    claim = {"metadata": {"name": "pod-gpu-1", "uid": "u"}, "status": {}}
+    base = Observed(pods=[pod], claims=[claim], slice_devices={})
+    assert any("no Warning event FailedScheduling" in f for f in check_all(exp, base))
+    event = {
+        "involvedObject": {"name": "pod"},
+        "reason": "FailedScheduling",
+        "type": "Warning",
+        "message": "0/1 nodes are available: 1 cannot allocate all claims.",
+    }
+    assert check_all(exp, Observed(**{**base.__dict__, "events": [event]})) == []
+
+
+def test_hardware_reset_after_deletion() -> None:
+    before = _state([_gpu_state(GPU0)])
+    after_bad = _state(
+        [_gpu_state(GPU0, timeslice=3, gpu_instances=[{"profile_id": 19, "start": 0}])],
+        {"/p": {"running": True, "visible_devices": [GPU0]}},
+    )
+    failures = check_hardware_reset(before, after_bad)
+    assert len(failures) == 3 and "time slice 3" in failures[0]
+    after_ok = _state([_gpu_state(GPU0)], {"/p": {"running": False}})
+    assert check_hardware_reset(before, after_ok) == []
+
+
+def test_small_parsers() -> None:
+    assert mig_placement_of("gpu-3-mig-1g10gbpme-20-6") == (20, 6)
+    assert mig_placement_of("gpu-3") is None and mig_placement_of("gpu-3-shared") is None
+    assert mps_limit_bytes("10G") == 10 * 2**30 and mps_limit_bytes("512M") == 512 * 2**20
+    with pytest.raises(ValueError, match="not <N>M or <N>G"):
+        mps_limit_bytes("10Gi")
+    assert leftover_cdi_specs(["gpu.nvidia.com-claim_uid-1.json", "other.json"], ["uid-1", ""]) == [
+        "gpu.nvidia.com-claim_uid-1.json"
+    ]

@@ -1,0 +1,224 @@
+"""NvmlHardware over the simulator: discovery, MIG lifecycle, sharing knobs, driver root, loader and CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pynvml
+import pytest
+
+from dra_gpu.hardware.interface import HardwareError
+from dra_gpu.hardware.loader import open_hardware
+from dra_gpu.hardware.simulator import StateStore
+from dra_gpu.hardware.simulator.state import Fault
+from dra_gpu.hardware.types import ComputeMode, MigPlacement
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="hw-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _cli(command: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`dra-gpu <command> ...` through the sub-command's own entry point (independent of the others)."""
+    return subprocess.run(
+        [sys.executable, "-m", f"dra_gpu.cli.{command}", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+
+
+def test_discovers_dgx_h100_topology(root: Path) -> None:
+    result = open_hardware("dgx-h100", str(root), seed="node-a").discover()
+    assert result.errors == ()
+    assert result.driver_version == "570.133.20" and result.cuda_driver_version == (12, 8)
+    assert [g.minor for g in result.gpus] == list(range(8))
+    assert [g.numa_node for g in result.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert {g.interconnect for g in result.gpus} == {"nvswitch-0"}
+    gpu = result.gpus[0]
+    assert (gpu.pci_bus_id, gpu.pcie_root) == ("0000:07:00.0", "pci0000:00")
+    assert result.gpus[7].pci_bus_id == "0000:bd:00.0" and result.gpus[7].pcie_root == "pci0000:b0"
+    assert (gpu.product_name, gpu.architecture, gpu.cuda_compute_capability) == (
+        "NVIDIA H100 80GB HBM3",
+        "Hopper",
+        (9, 0),
+    )
+    assert gpu.multiprocessors == 132 and gpu.memory_bytes == 81559 * 2**20
+    assert gpu.mig_capable and not gpu.mig_enabled and gpu.mig_toggle_without_reset
+    starts = {p.name: [pl.start for pl in p.placements] for p in gpu.mig_profiles}
+    assert starts == {
+        "1g.10gb": [0, 1, 2, 3, 4, 5, 6],
+        "1g.10gb+me": [0, 1, 2, 3, 4, 5, 6],
+        "1g.20gb": [0, 2, 4, 6],
+        "2g.20gb": [0, 2, 4],
+        "3g.40gb": [0, 4],
+        "4g.40gb": [0],
+        "7g.80gb": [0],
+    }
+    assert len({g.uuid for g in result.gpus}) == 8
+    # UUIDs are a function of the seed: same seed, same UUIDs; another node, others
+    again = open_hardware("dgx-h100", str(root)).discover()
+    assert [g.uuid for g in again.gpus] == [g.uuid for g in result.gpus]
+
+
+def test_pcie_and_cloud_layouts(root: Path) -> None:
+    l40s = open_hardware("pcie-4x-l40s", str(root / "a")).discover()
+    assert [g.interconnect for g in l40s.gpus] == [None] * 4
+    assert [g.numa_node for g in l40s.gpus] == [0, 0, 1, 1]
+    assert not any(g.mig_capable for g in l40s.gpus)
+    t4 = open_hardware("single-t4", str(root / "b")).discover()
+    assert (t4.gpus[0].numa_node, t4.gpus[0].pci_bus_id, t4.gpus[0].brand) == (None, "0000:00:1e.0", "Tesla")
+
+
+def test_mig_lifecycle_keeps_capability_files_in_step(root: Path) -> None:
+    hw = open_hardware("dgx-h100", str(root))
+    gpu = hw.discover().gpus[2]
+    device = hw.create_mig_device(gpu.uuid, 9, 4)  # 3g.40gb at 4:4, enables MIG on Hopper
+    assert (device.profile, device.gi_id, device.ci_id, device.placement) == (
+        "3g.40gb",
+        2,
+        0,
+        MigPlacement(4, 4),
+    )
+    assert device.uuid.startswith("MIG-") and device.parent_minor == 2
+    assert hw.list_mig_devices(gpu.uuid) == [device]
+    gi_access = root / "proc/driver/nvidia/capabilities/gpu2/mig/gi2/access"
+    ci_access = root / "proc/driver/nvidia/capabilities/gpu2/mig/gi2/ci0/access"
+    gi_minor = int(gi_access.read_text().split("\n")[0].split(": ")[1])
+    assert gi_access.read_text() == f"DeviceFileMinor: {gi_minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+    ci_minor = int(ci_access.read_text().split("\n")[0].split(": ")[1])
+    assert (root / f"dev/nvidia-caps/nvidia-cap{gi_minor}").exists()
+    assert (root / f"dev/nvidia-caps/nvidia-cap{ci_minor}").exists()
+    assert f"gpu2/gi2/access {gi_minor}" in (root / "proc/driver/nvidia-caps/mig-minors").read_text()
+    with pytest.raises(HardwareError, match="INSUFFICIENT_RESOURCES"):
+        hw.create_mig_device(gpu.uuid, 19, 5)
+    after_failure = hw.list_mig_devices(gpu.uuid)
+    assert after_failure == [device]  # nothing half-made left behind
+    hw.destroy_mig_device(gpu.uuid, device.gi_id, device.ci_id)
+    hw.destroy_mig_device(gpu.uuid, device.gi_id, device.ci_id)  # already gone: fine
+    assert hw.list_mig_devices(gpu.uuid) == []
+    assert not gi_access.exists() and not (root / f"dev/nvidia-caps/nvidia-cap{gi_minor}").exists()
+    hw.set_mig_mode(gpu.uuid, False)
+    hw.destroy_mig_device(gpu.uuid, 2, 0)  # MIG off: nothing to destroy, no error
+
+
+def test_ampere_needs_reset_for_mig_mode(root: Path) -> None:
+    hw = open_hardware("dgx-a100", str(root))
+    gpu = hw.discover().gpus[0]
+    assert not gpu.mig_toggle_without_reset
+    with pytest.raises(HardwareError, match="pending until the GPU is reset"):
+        hw.create_mig_device(gpu.uuid, 19, 0)
+    assert hw.discover().gpus[0].mig_pending
+    done = _cli("hardware", "reset", "--driver-root", str(root), "-i", "0")
+    assert done.returncode == 0, done.stderr
+    device = hw.create_mig_device(gpu.uuid, 19, 6)
+    assert device.profile == "1g.5gb" and device.gi_id == 13
+
+
+def test_sharing_knobs_reach_the_state(root: Path) -> None:
+    hw = open_hardware("dgx-h100", str(root))
+    uuid = hw.discover().gpus[4].uuid
+    hw.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
+    assert hw.get_compute_mode(uuid) == ComputeMode.EXCLUSIVE_PROCESS
+    hw.set_time_slice(uuid, 3)  # runs <root>/usr/bin/nvidia-smi twice, as NVIDIA's driver does
+    state = StateStore(root / "var/lib/nvml-sim/state.json").read()
+    assert (state.gpus[4].compute_mode, state.gpus[4].timeslice) == (0, 3)
+    with pytest.raises(HardwareError, match=r"0 \(Default\) \.\. 3"):
+        hw.set_time_slice(uuid, 7)
+
+
+def test_one_broken_gpu_is_reported_and_the_rest_published(root: Path) -> None:
+    hw = open_hardware("dgx-h100", str(root))
+    with StateStore(root / "var/lib/nvml-sim/state.json").transaction() as state:
+        state.faults.append(Fault(5, "nvmlDeviceGetMemoryInfo", pynvml.NVML_ERROR_GPU_IS_LOST))
+    result = hw.discover()
+    assert [g.index for g in result.gpus] == [0, 1, 2, 3, 4, 6, 7]
+    assert len(result.errors) == 1 and result.errors[0].gpu_index == 5
+    assert "nvmlDeviceGetMemoryInfo" in result.errors[0].message
+    assert "NVML_ERROR_GPU_IS_LOST" in result.errors[0].message
+
+
+def test_loader_errors_are_actionable(root: Path) -> None:
+    with pytest.raises(HardwareError, match=r"unknown hardware 'dgx-z9'.*dgx-h100"):
+        open_hardware("dgx-z9", str(root))
+    with pytest.raises(HardwareError, match="not a readable directory"):
+        open_hardware("real", str(root / "missing"))
+    with pytest.raises(HardwareError, match=r"libnvidia-ml\.so\.1 not found"):
+        open_hardware("real", str(root))
+    open_hardware("h100-80gb", str(root / "sim"))
+    with pytest.raises(HardwareError, match="simulated driver root has placeholder libraries"):
+        open_hardware("real", str(root / "sim"))
+    with pytest.raises(HardwareError, match="already simulates hardware 'h100-80gb'"):
+        open_hardware("dgx-h100", str(root / "sim"))
+
+
+def test_simulated_driver_root_layout(root: Path) -> None:
+    done = _cli("hardware", "init-sim", "--hardware", "dgx-h100", "--driver-root", str(root), "--seed", "n1")
+    assert done.returncode == 0, done.stderr
+    for node in (
+        "dev/nvidia0",
+        "dev/nvidia7",
+        "dev/nvidiactl",
+        "dev/nvidia-uvm",
+        "dev/nvidia-uvm-tools",
+        "dev/nvidia-caps/nvidia-cap1",
+        "dev/nvidia-caps/nvidia-cap2",
+    ):
+        assert (root / node).exists(), node
+    assert (
+        root / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    ).resolve().name == "libnvidia-ml.so.570.133.20"
+    assert (root / "usr/bin/nvidia-cuda-mps-control").stat().st_mode & 0o111
+    state = json.loads(_cli("hardware", "state", "--driver-root", str(root), "-o", "json").stdout)
+    assert state["hardware"] == "dgx-h100" and state["seed"] == "n1"
+    assert [d["minor"] for d in state["devices"]] == list(range(8))
+
+
+def test_fake_nvidia_smi(root: Path) -> None:
+    open_hardware("dgx-h100", str(root))
+    smi = str(root / "usr/bin/nvidia-smi")
+    query = subprocess.run([smi, "-q", "-i", "0"], capture_output=True, text=True, check=True).stdout
+    assert "Product Name                          : NVIDIA H100 80GB HBM3" in query
+    assert "Bus Id                            : 00000000:07:00.0" in query
+    assert subprocess.run([smi, "mig", "-lgip"], capture_output=True, text=True).stdout.strip() == (
+        "No MIG-enabled devices found."
+    )
+    subprocess.run([smi, "-i", "0", "-mig", "1"], check=True, capture_output=True)
+    placements = subprocess.run([smi, "mig", "-lgipp", "-i", "0"], capture_output=True, text=True).stdout
+    assert "Profile ID  9 Placements: {0,4}:4" in placements
+    bad = subprocess.run([smi, "-i", "9", "-c", "DEFAULT"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "No devices were found" in bad.stderr
+    done = subprocess.run(
+        [smi, "-i", "00000000:0F:00.0", "-c", "EXCLUSIVE_PROCESS"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert StateStore(root / "var/lib/nvml-sim/state.json").read().gpus[1].compute_mode == 3
+
+
+def test_hardware_cli_lists_profiles() -> None:
+    done = _cli("hardware", "list", "-o", "json")
+    names = {item["name"] for item in json.loads(done.stdout)}
+    assert {
+        "dgx-a100",
+        "dgx-h100",
+        "pcie-4x-l40s",
+        "single-t4",
+        "a100-40gb",
+        "a100-80gb",
+        "h100-80gb",
+        "h200-141gb",
+        "l40s",
+        "t4",
+    } <= names

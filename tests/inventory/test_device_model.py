@@ -1,0 +1,241 @@
+"""The device model built from simulated discovery: names, attributes, counters, and MIG exclusion by
+counters."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from dra_gpu.hardware.interface import HardwareError
+from dra_gpu.hardware.loader import open_hardware
+from dra_gpu.hardware.nvml_hardware import NvmlHardware
+from dra_gpu.hardware.sim_driver_root import open_simulated_nvml
+from dra_gpu.hardware.types import DiscoveryResult
+from dra_gpu.inventory import mig_geometry, naming
+from dra_gpu.inventory.device_model import ModelOptions, build_device_model, semver
+from dra_gpu.inventory.model import Device, DeviceKind, DeviceModel
+
+
+@pytest.fixture
+def root() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="inv-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _discover(root: Path, hardware: str) -> tuple[NvmlHardware, DiscoveryResult]:
+    hw = open_hardware(hardware, str(root))
+    return hw, hw.discover()
+
+
+def _fits(model: DeviceModel, devices: list[Device]) -> bool:
+    """Pure counter arithmetic, as the scheduler does it: can all `devices` be allocated together?"""
+    available = {c.name: dict(c.counters) for c in model.counter_sets}
+    for device in devices:
+        for consumption in device.consumes_counters:
+            for counter, amount in consumption.counters.items():
+                available[consumption.counter_set][counter] -= amount
+    return all(v >= 0 for counters in available.values() for v in counters.values())
+
+
+def _slices_of(device: Device) -> set[int]:
+    assert device.mig is not None
+    return set(range(device.mig.placement_start, device.mig.placement_start + device.mig.placement_size))
+
+
+def test_dgx_h100_devices_and_order(root: Path) -> None:
+    _, discovery = _discover(root, "dgx-h100")
+    model = build_device_model(discovery, ModelOptions(dynamic_mig=True, fractional=True))
+    assert len(model.devices) == 8 * (1 + 25 + 1)
+    names = [d.name for d in model.devices]
+    assert names[0] == "gpu-0" and names[26] == "gpu-0-shared" and names[27] == "gpu-1"
+    assert "gpu-3-mig-1g10gbpme-20-6" in names and "gpu-7-mig-7g80gb-0-0" in names
+    first_1g = [n for n in names if n.startswith("gpu-0-mig-1g10gb-19-")]
+    assert first_1g[0] == "gpu-0-mig-1g10gb-19-6"  # highest start first (see device_model docstring)
+    assert len(set(names)) == len(names) and all(naming.is_dns_label(n) for n in names)
+    assert [c.name for c in model.counter_sets] == [f"gpu-{i}-counter-set" for i in range(8)]
+    assert model.warnings == ()
+
+
+def test_attribute_sets_per_type_and_limits(root: Path) -> None:
+    _, discovery = _discover(root, "dgx-h100")
+    model = build_device_model(discovery)
+    keys_by_kind: dict[DeviceKind, set[frozenset[str]]] = {}
+    for device in model.devices:
+        keys_by_kind.setdefault(device.kind, set()).add(frozenset(device.attributes))
+        assert len(device.attributes) + len(device.capacity) <= 32
+        for attr in device.attributes.values():
+            if isinstance(attr.value, str):
+                assert len(attr.value.encode()) <= 64
+    assert all(len(sets) == 1 for sets in keys_by_kind.values())
+    gpu = model.by_name()["gpu-4"]
+    assert {k: a.value for k, a in gpu.attributes.items()} == {
+        "type": "gpu",
+        "uuid": discovery.gpus[4].uuid,
+        "productName": "NVIDIA H100 80GB HBM3",
+        "brand": "Nvidia",
+        "architecture": "Hopper",
+        "cudaComputeCapability": "9.0.0",
+        "driverVersion": "570.133.20",
+        "cudaDriverVersion": "12.8.0",
+        "resource.kubernetes.io/pciBusID": "0000:87:00.0",
+        "resource.kubernetes.io/pcieRoot": "pci0000:80",
+        "numaNode": 1,
+        "interconnect": "nvswitch-0",
+    }
+    assert gpu.attributes["cudaComputeCapability"].kind == "version"
+    mig = model.by_name()["gpu-4-mig-3g40gb-9-4"]
+    assert "uuid" not in mig.attributes  # dynamic: the instance does not exist yet
+    assert mig.attributes["parentUUID"].value == discovery.gpus[4].uuid
+    assert (mig.attributes["profile"].value, mig.attributes["placementStart"].value) == ("3g.40gb", 4)
+    assert {k: c.value for k, c in mig.capacity.items()} == {
+        "memory": round(39.5 * 1024) * 2**20,
+        "multiprocessors": 60,
+        "copyEngines": 3,
+        "decoders": 3,
+        "encoders": 0,
+        "jpegEngines": 3,
+        "ofaEngines": 0,
+    }
+    assert mig.consumes_counters[0].counters["memory-slice-4"] == 1
+    assert "memory-slice-3" not in mig.consumes_counters[0].counters
+
+
+def test_share_device(root: Path) -> None:
+    _, discovery = _discover(root, "single-t4")
+    model = build_device_model(discovery)
+    share = model.by_name()["gpu-0-shared"]
+    assert share.kind == DeviceKind.GPU_SHARE and share.allow_multiple_allocations
+    assert share.attributes["type"].value == "gpu-share" and share.attributes["numaNode"].value == -1
+    assert share.attributes["interconnect"].value == "pcie"
+    assert share.attributes["driverVersion"].value == "535.183.1"  # "535.183.01" as strict semver
+    memory, compute = share.capacity["memory"], share.capacity["compute"]
+    assert memory.value == 15360 * 2**20 and memory.request_policy is not None
+    assert (memory.request_policy.valid_range_min, memory.request_policy.valid_range_step) == (2**30, 2**30)
+    assert compute.value == 100 and compute.request_policy is not None
+    assert (compute.request_policy.default, compute.request_policy.valid_range_min) == (10, 5)
+    gpu = model.by_name()["gpu-0"]
+    assert share.consumes_counters == gpu.consumes_counters  # whole GPU and shares exclude each other
+    assert not _fits(model, [gpu, share])
+    no_share = build_device_model(discovery, ModelOptions(fractional=False))
+    assert [d.name for d in no_share.devices] == ["gpu-0"] and no_share.counter_sets == ()
+
+
+def test_ampere_in_mig_mode_publishes_no_parent(root: Path) -> None:
+    hw, discovery = _discover(root, "dgx-a100")
+    a100 = discovery.gpus[0]
+    with pytest.raises(HardwareError, match="pending"):  # Ampere: MIG mode changes at the next reset
+        hw.set_mig_mode(a100.uuid, True)
+    nvml = open_simulated_nvml(root)
+    nvml.nvmlInit()
+    nvml.reset_gpu(0)
+    instance = hw.create_mig_device(a100.uuid, 14, 2)  # 2g.10gb at 2:2
+    discovery = hw.discover()
+    dynamic = build_device_model(discovery, ModelOptions(dynamic_mig=True))
+    gpu0 = [d for d in dynamic.devices if d.parent_minor == 0]
+    assert all(d.kind == DeviceKind.MIG_DYNAMIC for d in gpu0) and len(gpu0) == 25
+    assert dynamic.by_name()["gpu-1"].kind == DeviceKind.GPU  # MIG disabled: whole GPU, no MIG (needs reset)
+    assert not any(d.name.startswith("gpu-1-mig-") for d in dynamic.devices)
+    static = build_device_model(discovery, ModelOptions(dynamic_mig=False))
+    gpu0 = [d for d in static.devices if d.parent_minor == 0]
+    assert [d.name for d in gpu0] == ["gpu-0-mig-2g10gb-14-2"]
+    assert gpu0[0].kind == DeviceKind.MIG_STATIC and gpu0[0].attributes["uuid"].value == instance.uuid
+    assert gpu0[0].mig is not None and (gpu0[0].mig.gi_id, gpu0[0].mig.ci_id) == (
+        instance.gi_id,
+        instance.ci_id,
+    )
+    hw.destroy_mig_device(a100.uuid, instance.gi_id, instance.ci_id)
+    empty = build_device_model(hw.discover(), ModelOptions(dynamic_mig=False))
+    assert any("MIG enabled but no MIG devices" in w for w in empty.warnings)
+
+
+def _mig_devices(model: DeviceModel, minor: int) -> list[Device]:
+    return [d for d in model.devices if d.parent_minor == minor and d.kind == DeviceKind.MIG_DYNAMIC]
+
+
+@pytest.mark.parametrize("hardware", ["h100-80gb", "a100-40gb", "a100-80gb", "h200-141gb"])
+def test_counters_allow_exactly_the_valid_mig_configurations(root: Path, hardware: str) -> None:
+    """Overlapping memory slices never fit together; every configuration the hardware allows does fit; and
+    the counters accept nothing else (exhaustive over all sets the counters accept)."""
+    hw, discovery = _discover(root, hardware)
+    if not discovery.gpus[0].mig_toggle_without_reset:  # Ampere publishes MIG devices only in MIG mode
+        nvml = open_simulated_nvml(root)
+        nvml.nvmlInit()
+        nvml.nvmlDeviceSetMigMode(nvml.nvmlDeviceGetHandleByIndex(0), 1)
+        nvml.reset_gpu(0)
+        discovery = hw.discover()
+    model = build_device_model(discovery)
+    devices = _mig_devices(model, 0)
+    gpu = discovery.gpus[0]
+    for a, b in itertools.combinations(devices, 2):
+        if _slices_of(a) & _slices_of(b):
+            assert not _fits(model, [a, b]), (a.name, b.name)
+    by_key = {(d.mig.gi_profile_id, d.mig.placement_start): d for d in devices if d.mig}
+    valid = {
+        frozenset((p.profile.gi_profile_id, p.start) for p in config)
+        for config in mig_geometry.valid_configurations(gpu.mig_profiles)
+    }
+    assert len(valid) > 100
+    for config in valid:
+        assert _fits(model, [by_key[k] for k in config]), sorted(config)
+    accepted: set[frozenset[tuple[int, int]]] = set()
+
+    def grow(chosen: list[Device], start: int) -> None:
+        for i in range(start, len(devices)):
+            candidate = [*chosen, devices[i]]
+            if _fits(model, candidate):
+                accepted.add(
+                    frozenset((d.mig.gi_profile_id, d.mig.placement_start) for d in candidate if d.mig)
+                )
+                grow(candidate, i + 1)
+
+    grow([], 0)
+    assert accepted == valid
+    whole = model.by_name().get("gpu-0")
+    if gpu.mig_toggle_without_reset:
+        assert whole is not None and _fits(model, [whole])
+        assert not any(_fits(model, [whole, d]) for d in devices)
+    else:
+        assert whole is None
+
+
+def test_every_mig_device_consumes_its_memory_slices(root: Path) -> None:
+    _, discovery = _discover(root, "h100-80gb")
+    model = build_device_model(discovery)
+    for device in _mig_devices(model, 0):
+        consumed: Mapping[str, int] = device.consumes_counters[0].counters
+        slices = {int(k.rsplit("-", 1)[1]) for k in consumed if k.startswith("memory-slice-")}
+        assert slices == _slices_of(device)
+
+
+def test_naming_round_trip() -> None:
+    name = naming.mig_device_name(3, "1g.10gb+me", 20, 6)
+    assert name == "gpu-3-mig-1g10gbpme-20-6"
+    parsed = naming.parse_mig_device_name(name)
+    assert parsed is not None and (
+        parsed.minor,
+        parsed.profile_label,
+        parsed.gi_profile_id,
+        parsed.placement_start,
+    ) == (3, "1g10gbpme", 20, 6)
+    assert naming.parse_gpu_minor("gpu-12-shared") == 12 and naming.parse_gpu_minor("gpu-x") is None
+    assert naming.parse_mig_device_name("gpu-1") is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("570.133.20", "570.133.20"),
+        ("535.183.01", "535.183.1"),
+        ("550.54", "550.54.0"),
+        ("470", "470.0.0"),
+        ("garbage", "0.0.0"),
+    ],
+)
+def test_driver_version_as_semver(raw: str, expected: str) -> None:
+    assert semver(raw) == expected

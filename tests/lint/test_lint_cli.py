@@ -1,0 +1,171 @@
+"""`dra-gpu lint` on real files: findings, hints, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+GOOD = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: big-gpu}
+spec:
+  selectors:
+  - cel: {expression: "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: t}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: big-gpu}
+      - name: mig
+        firstAvailable:
+        - {name: small, deviceClassName: mig.nvidia.com}
+      constraints:
+      - {requests: [gpu, mig], matchAttribute: gpu.nvidia.com/parentUUID}
+      config:
+      - requests: [gpu]
+        opaque:
+          driver: gpu.nvidia.com
+          parameters: {apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig,
+                       sharing: {strategy: TimeSlicing}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  resourceClaims: [{name: c, resourceClaimTemplateName: t}]
+  containers:
+  - name: x
+    image: busybox
+    resources: {claims: [{name: c, request: gpu}]}
+"""
+
+
+def lint(*paths: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dra_gpu.cli.main", "lint", *map(str, paths)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def claim_with(expression: str) -> str:
+    return f"""apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: c}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel:
+            expression: "{expression}"
+"""
+
+
+def test_clean_manifests_pass(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "good.yaml").write_text(GOOD)
+    done = lint(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no findings" in done.stdout
+
+
+def check(tmp_path: Path, expression: str) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text(claim_with(expression))
+    done = lint(path)
+    assert done.returncode == 1, done.stdout
+    assert done.stdout.startswith(f"{path}:12 ResourceClaim/c: ")
+    return done.stdout
+
+
+def test_memory_attribute_hint(tmp_path: Path) -> None:
+    out = check(tmp_path, "device.attributes['memory'] >= 40000")
+    assert "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0" in out
+
+
+def test_attribute_without_domain_hint(tmp_path: Path) -> None:
+    out = check(tmp_path, "device.attributes.productName == 'A100'")
+    assert "device.attributes['gpu.nvidia.com'].productName" in out
+
+
+def test_removed_index_attribute_hint(tmp_path: Path) -> None:
+    out = check(tmp_path, "device.attributes['gpu.nvidia.com'].index == 0")
+    assert "removed" in out
+
+
+def test_version_compared_to_string_hint(tmp_path: Path) -> None:
+    out = check(tmp_path, "device.attributes['gpu.nvidia.com'].driverVersion == '550.54.15'")
+    assert "semver(" in out
+
+
+def test_syntax_error_with_position(tmp_path: Path) -> None:
+    out = check(tmp_path, "device.driver == ")
+    assert "<input>:1:" in out and "Syntax error" in out
+
+
+def test_unknown_function(tmp_path: Path) -> None:
+    out = check(tmp_path, "device.driver.lower() == 'x'")
+    assert "undeclared reference to 'lower'" in out
+
+
+def test_references_and_v1beta1_shape(tmp_path: Path) -> None:
+    path = tmp_path / "refs.yaml"
+    path.write_text("""apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: c}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      deviceClassName: gpu.nvidia.com
+    - name: other
+      exactly: {deviceClassName: no-such-class}
+    constraints:
+    - {requests: [nope], matchAttribute: gpu.nvidia.com/parentUUID}
+    config:
+    - opaque:
+        driver: gpu.nvidia.com
+        parameters: {apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig, sharing: {strategy: Nope}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  resourceClaims: [{name: c, resourceClaimName: missing}]
+  containers: [{name: x, image: y, resources: {claims: [{name: d}]}}]
+---
+just: data
+""")
+    done = subprocess.run([sys.executable, "-m", "dra_gpu.cli.main", "lint", "-o", "json", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    findings = json.loads(done.stdout)["findings"]
+    messages = "\n".join(f"{f['line']} {f['message']} {f['hint']}" for f in findings)
+    assert "v1beta1 shape" in messages and "exactly:" in messages
+    assert "no-such-class" in messages
+    assert "'nope' is not a request" in messages
+    assert "sharing.strategy" in messages
+    assert "ResourceClaim default/missing is not in the files" in messages
+    assert "'d' is not in spec.resourceClaims" in messages
+    assert "not a Kubernetes object" in messages
+    assert any(f["line"] == 8 for f in findings)  # the v1beta1 deviceClassName line
+
+
+def test_unknown_kind_in_resource_group(tmp_path: Path) -> None:
+    path = tmp_path / "k.yaml"
+    path.write_text("apiVersion: resource.k8s.io/v1\nkind: ResourceClain\nmetadata: {name: x}\n")
+    done = lint(path)
+    assert done.returncode == 1 and "does not exist in resource.k8s.io" in done.stdout
+
+
+def test_unreadable_input_is_exit_2(tmp_path: Path) -> None:
+    done = lint(tmp_path / "missing.yaml")
+    assert done.returncode == 2 and "no such file" in done.stderr

@@ -1,0 +1,90 @@
+"""200 concurrent Prepare/Unprepare calls on distinct claims, shared claims (the same claim from several pods)
+and contended devices: no unexpected error, identical answers for a shared claim, no device used twice."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from tests.plugin.kubelet_client import ClaimId, KubeletClient, devices_of
+from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, Result, SimNode, opaque, time_slicing
+
+pytestmark = pytest.mark.apiserver
+
+NS = "busy"
+
+
+def make(claims: ClaimFactory, device: str, configs: list[dict[str, Any]] | None = None) -> ClaimId:
+    name, uid = claims.make(NS, [Result("gpu", device)], configs or [])
+    return ClaimId(NS, uid, name)
+
+
+def test_200_concurrent_calls(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    start_plugin()
+    kubelet = KubeletClient(node.registration_socket)
+    # Set A, prepared during the storm: 35 MIG claims on GPUs 0-4 (7 disjoint 1g.10gb placements each), each
+    # prepared 5 times (a claim shared by several pods); 4 claims that were all allocated gpu-7 (a scheduler
+    # race): exactly one may win.
+    mig_claims = [make(claims, f"gpu-{g}-mig-1g10gb-19-{s}") for g in range(5) for s in range(7)]
+    contenders = [make(claims, "gpu-7") for _ in range(4)]
+    # Set B, prepared before and unprepared during the storm.
+    set_b = [make(claims, f"gpu-5-mig-1g10gb-19-{s}") for s in range(7)]
+    set_b.append(make(claims, "gpu-6", [opaque(time_slicing("Medium"))]))
+    for claim in set_b:
+        assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+
+    calls: list[tuple[str, ClaimId]] = [("prepare", c) for c in mig_claims * 5]
+    calls += [("prepare", c) for c in contenders * 2]
+    calls += [("unprepare", c) for c in set_b * 2]
+    calls += [("prepare", c) for c in contenders[:1]]
+    assert len(calls) == 200
+
+    def call(kind_and_claim: tuple[str, ClaimId]) -> tuple[str, ClaimId, Any]:
+        kind, claim = kind_and_claim
+        method = kubelet.prepare if kind == "prepare" else kubelet.unprepare
+        return kind, claim, method([claim])
+
+    # Interleave so that repeats of one claim are not next to each other.
+    order = sorted(range(len(calls)), key=lambda i: (i * 7919) % len(calls))
+    with ThreadPoolExecutor(max_workers=48) as pool:
+        results = list(pool.map(call, [calls[i] for i in order]))
+
+    answers: dict[str, set[tuple[Any, ...]]] = {}
+    contender_errors: Counter[str] = Counter()
+    for kind, claim, response in results:
+        assert list(response.claims) == [claim.uid]
+        error = response.claims[claim.uid].error
+        if claim in contenders:
+            if error:
+                assert "already allocated to different claim" in error, error
+                contender_errors[claim.uid] += 1
+            continue
+        assert error == "", error
+        if kind == "prepare":
+            answers.setdefault(claim.uid, set()).add(tuple(devices_of(response, claim.uid)))
+    assert all(len(a) == 1 for a in answers.values())  # every repeat of a shared claim: the same answer
+    winners = [c for c in contenders if contender_errors[c.uid] == 0]
+    assert len(winners) == 1, contender_errors
+    winner_calls = 3 if winners[0] == contenders[0] else 2  # contenders[0] got one extra call
+    assert sum(contender_errors.values()) == 9 - winner_calls
+
+    held = [(uid, d["device"]) for uid, e in node.checkpoint()["claims"].items() for d in e["devices"]]
+    assert sorted(uid for uid, _ in held) == sorted([c.uid for c in mig_claims] + [winners[0].uid])
+    assert len({device for _, device in held}) == len(held)  # no device in two claims
+    assert len(node.mig_instances()) == 35 and len(set(node.mig_instances())) == 35
+    assert node.timeslices() == {}  # set B's time-slicing was undone
+
+    everyone = mig_claims + contenders
+    with ThreadPoolExecutor(max_workers=48) as pool:
+        unprepared = list(pool.map(lambda c: kubelet.unprepare([c]), everyone * 2))
+    assert all(r.claims[c.uid].error == "" for r, c in zip(unprepared, everyone * 2, strict=True))
+    assert node.checkpoint()["claims"] == {}
+    assert node.cdi_files() == []
+    assert node.mig_instances() == []
+    kubelet.close()

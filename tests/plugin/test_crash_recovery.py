@@ -1,0 +1,152 @@
+"""The plugin killed (SIGKILL) at each step of Prepare and Unprepare, then restarted: nothing leaks, no device
+ends up prepared for two claims, and the repeated call gets the answer an uninterrupted run gives."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from tests.plugin.kubelet_client import ClaimId, KubeletClient, devices_of
+from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, Result, SimNode, opaque, time_slicing
+
+pytestmark = pytest.mark.apiserver
+
+MIG_DEVICE = "gpu-1-mig-1g10gb-19-0"
+# The claim has two groups: the MIG device with default config (group 0), gpu-0 with time-slicing (group 1).
+PREPARE_STEPS = [
+    "prepare-started",
+    "prepare-group-0-applied",  # MIG instance created, not yet in the checkpoint
+    "prepare-group-0",
+    "prepare-group-1-applied",
+    "prepare-group-1",
+    "prepare-cdi-written",
+    "prepare-completed",
+]
+UNPREPARE_STEPS = ["unprepare-group-1", "unprepare-group-0", "unprepare-cdi-removed"]
+
+
+def make_claim(claims: ClaimFactory) -> ClaimId:
+    name, uid = claims.make(
+        "crash",
+        [Result("gpu", "gpu-0"), Result("mig", MIG_DEVICE)],
+        [opaque(time_slicing("Long"), ["gpu"])],
+    )
+    return ClaimId("crash", uid, name)
+
+
+def expected_answer(node: SimNode, claim: ClaimId) -> list[tuple[tuple[str, ...], str, str, tuple[str, ...]]]:
+    return [
+        (("gpu",), node.name, "gpu-0", (f"k8s.gpu.nvidia.com/claim={claim.uid}-gpu-0",)),
+        (("mig",), node.name, MIG_DEVICE, (f"k8s.gpu.nvidia.com/claim={claim.uid}-{MIG_DEVICE}",)),
+    ]
+
+
+def assert_clean(node: SimNode) -> None:
+    assert node.checkpoint()["claims"] == {}
+    assert node.cdi_files() == []
+    assert node.mig_instances() == []
+    assert node.timeslices() == {}
+
+
+def assert_prepared_once(node: SimNode, claim: ClaimId) -> None:
+    assert list(node.checkpoint()["claims"]) == [claim.uid]
+    assert node.checkpoint()["claims"][claim.uid]["checkpointState"] == "PrepareCompleted"
+    assert node.cdi_files() == [f"k8s.gpu.nvidia.com-claim_{claim.uid}.json"]
+    assert len(node.mig_instances()) == 1  # no leaked second instance for the same device
+    assert list(node.timeslices().values()) == [3]
+
+
+def crash(process: PluginProcess, call: Callable[[], object]) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert process.wait_dead() == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("step", PREPARE_STEPS)
+def test_killed_during_prepare(
+    step: str, start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    claim = make_claim(claims)
+    doomed = start_plugin(env={"DRA_GPU_FAULT_KILL_AT": step})
+    kubelet = KubeletClient(node.registration_socket)
+    crash(doomed, lambda: kubelet.prepare([claim]))
+    kubelet.close()
+
+    start_plugin()
+    kubelet = KubeletClient(node.registration_socket)
+    state = node.checkpoint()["claims"].get(claim.uid, {}).get("checkpointState")
+    assert state == ("PrepareCompleted" if step == "prepare-completed" else "PrepareStarted")
+    if step == "prepare-group-0-applied":
+        assert node.mig_instances() == []  # created but never checkpointed: destroyed at start-up
+
+    answer = kubelet.prepare([claim])  # the kubelet retries
+    assert answer.claims[claim.uid].error == ""
+    assert devices_of(answer, claim.uid) == expected_answer(node, claim)
+    assert_prepared_once(node, claim)
+
+    assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    assert_clean(node)
+    kubelet.close()
+
+
+@pytest.mark.parametrize("step", UNPREPARE_STEPS)
+def test_killed_during_unprepare(
+    step: str, start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    claim = make_claim(claims)
+    doomed = start_plugin(env={"DRA_GPU_FAULT_KILL_AT": step})
+    kubelet = KubeletClient(node.registration_socket)
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    crash(doomed, lambda: kubelet.unprepare([claim]))
+    kubelet.close()
+
+    start_plugin()
+    kubelet = KubeletClient(node.registration_socket)
+    assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    assert_clean(node)
+    kubelet.close()
+
+
+def test_interrupted_claim_deleted_meanwhile_is_cleaned_at_start(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    claim = make_claim(claims)
+    doomed = start_plugin(env={"DRA_GPU_FAULT_KILL_AT": "prepare-cdi-written"})
+    kubelet = KubeletClient(node.registration_socket)
+    crash(doomed, lambda: kubelet.prepare([claim]))
+    kubelet.close()
+    assert len(node.mig_instances()) == 1 and node.cdi_files() != []
+
+    claims.delete("crash", claim.name)  # the pod went away while the plugin was down
+    start_plugin()
+    deadline = time.monotonic() + 20
+    while node.checkpoint()["claims"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert_clean(node)
+
+
+def test_checkpoint_from_before_a_reboot_is_discarded_with_its_mig_devices(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    claim = make_claim(claims)
+    first = start_plugin()
+    kubelet = KubeletClient(node.registration_socket)
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    kubelet.close()
+    first.stop(signal.SIGKILL)
+
+    import json
+
+    path = node.plugin_dir / "checkpoint.json"
+    doc = json.loads(path.read_text())
+    doc["bootID"] = "an-earlier-boot"
+    path.write_text(json.dumps(doc))
+    start_plugin()
+    assert node.checkpoint()["claims"] == {}
+    assert node.mig_instances() == []  # not owned by any claim of this boot
+    assert node.cdi_files() == []

@@ -1,0 +1,160 @@
+"""On-demand MIG on the simulator: create at prepare, destroy at unprepare, roll back, clean up at start."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+
+import pytest
+from sim_node import SimNode
+
+from dra_gpu.config.api import decode_opaque_config
+from dra_gpu.inventory.model import Device, DeviceKind
+from dra_gpu.sharing.interface import SharingError
+
+
+def dynamic(node: SimNode, profile: str, start: int | None = None, minor: int = 0) -> Device:
+    for d in node.model().devices:
+        if (
+            d.kind is DeviceKind.MIG_DYNAMIC
+            and d.parent_minor == minor
+            and d.mig is not None
+            and d.mig.profile == profile
+            and (start is None or d.mig.placement_start == start)
+        ):
+            return d
+    raise LookupError(f"no dynamic MIG device {profile} at {start} on gpu-{minor}")
+
+
+def mig_ts() -> object:
+    return decode_opaque_config(
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "TimeSlicing"},
+        }
+    )
+
+
+def test_create_and_destroy_switches_mig_mode_on_and_off(node: SimNode) -> None:
+    manager = node.manager()
+    a, b = dynamic(node, "1g.10gb", 0), dynamic(node, "3g.40gb", 4)
+    result = manager.prepare_group("claim-1", None, [node.alloc(a.name), node.alloc(b.name, request="r2")])
+    gpu = node.state().gpus[0]
+    assert gpu.mig_current is True
+    created = {(gi.profile_id, gi.start) for gi in gpu.gpu_instances}
+    assert created == {(a.mig.gi_profile_id, 0), (b.mig.gi_profile_id, 4)}  # type: ignore[union-attr]
+    instance = result.mig_instances[a.name]
+    assert (
+        instance.profile == "1g.10gb" and instance.placement.start == 0 and instance.uuid.startswith("MIG-")
+    )
+    assert {i.uuid for i in node.hardware.list_mig_devices(node.uuid())} == {
+        m.uuid for m in result.mig_instances.values()
+    }
+    cap = node.root / f"proc/driver/nvidia/capabilities/gpu0/mig/gi{instance.gi_id}/access"
+    assert cap.is_file()  # the simulated driver root follows the instances
+    assert [m["device"] for m in result.state["migCreated"]] == [a.name, b.name]
+
+    manager.unprepare_group("claim-1", result.state)
+    gpu = node.state().gpus[0]
+    assert gpu.gpu_instances == [] and gpu.mig_current is False
+    assert manager.describe()["createdMig"] == [] and manager.describe()["migModeEnabled"] == []
+    manager.unprepare_group("claim-1", result.state)  # idempotent: already gone is fine
+
+
+def test_mig_mode_stays_on_while_another_claim_has_a_device(node: SimNode) -> None:
+    manager = node.manager()
+    first = manager.prepare_group("a", None, [node.alloc(dynamic(node, "1g.10gb", 0).name)])
+    second = manager.prepare_group("b", mig_ts(), [node.alloc(dynamic(node, "1g.10gb", 1).name)])
+    assert second.state["migTimeSlicing"] == [dynamic(node, "1g.10gb", 1).name]
+    assert node.gpu_state(node.uuid()).timeslice == 0  # MIG + TimeSlicing: nothing GPU-global is changed
+    manager.unprepare_group("a", first.state)
+    assert node.state().gpus[0].mig_current is True
+    manager.unprepare_group("b", second.state)
+    assert node.state().gpus[0].mig_current is False
+
+
+def test_placement_taken_outside_the_driver_is_a_clear_error(node: SimNode) -> None:
+    uuid = node.uuid()
+    outsider = node.hardware.create_mig_device(uuid, dynamic(node, "2g.20gb", 2).mig.gi_profile_id, 2)  # type: ignore[union-attr]
+    try:
+        target = dynamic(node, "1g.10gb", 3)
+        with pytest.raises(SharingError) as info:
+            node.manager().prepare_group("claim-1", None, [node.alloc(target.name)])
+        message = str(info.value)
+        assert (
+            target.name in message
+            and "placement 3:1 is already taken" in message
+            and outsider.uuid in message
+        )
+        assert [i.uuid for i in node.hardware.list_mig_devices(uuid)] == [outsider.uuid]
+    finally:
+        node.hardware.destroy_mig_device(uuid, outsider.gi_id, outsider.ci_id)
+        node.hardware.set_mig_mode(uuid, False)
+
+
+def test_partial_failure_destroys_what_the_group_created(node: SimNode) -> None:
+    uuid = node.uuid()
+    first = dynamic(node, "1g.10gb", 0)
+    outsider = node.hardware.create_mig_device(uuid, dynamic(node, "1g.10gb", 6).mig.gi_profile_id, 6)  # type: ignore[union-attr]
+    try:
+        with pytest.raises(SharingError, match="placement 6:1 is already taken"):
+            node.manager().prepare_group(
+                "claim-1",
+                None,
+                [node.alloc(first.name), node.alloc(dynamic(node, "1g.10gb", 6).name, request="r2")],
+            )
+        assert [i.uuid for i in node.hardware.list_mig_devices(uuid)] == [outsider.uuid]
+    finally:
+        node.hardware.destroy_mig_device(uuid, outsider.gi_id, outsider.ci_id)
+        node.hardware.set_mig_mode(uuid, False)
+
+
+def test_ampere_with_mig_disabled_is_never_toggled(make_node: Callable[[str], SimNode]) -> None:
+    node = make_node("a100-40gb")
+    uuid = node.uuid()
+    smi = str(node.root / "usr/bin/nvidia-smi")
+    # Enable MIG the Ampere way (pending until reset) to see the dynamic devices, then disable it again.
+    for args in (["-i", uuid, "-mig", "1"], ["-i", uuid, "-r"]):
+        subprocess.run([smi, *args], check=True, capture_output=True)
+    device = next(d for d in node.model(refresh=True).devices if d.kind is DeviceKind.MIG_DYNAMIC)
+    for args in (["-i", uuid, "-mig", "0"], ["-i", uuid, "-r"]):
+        subprocess.run([smi, *args], check=True, capture_output=True)
+    with pytest.raises(SharingError, match=r"MIG mode is disabled and this Ampere GPU needs a reset.*-mig 1"):
+        node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])
+    gpu = node.state().gpus[0]
+    assert gpu.mig_current is False and gpu.mig_pending is False and gpu.gpu_instances == []
+
+
+def test_start_up_destroys_only_unowned_instances_we_created(node: SimNode) -> None:
+    uuid = node.uuid()
+    manager = node.manager()
+    kept = manager.prepare_group("kept", None, [node.alloc(dynamic(node, "1g.10gb", 0).name)])
+    lost = manager.prepare_group("lost", None, [node.alloc(dynamic(node, "1g.10gb", 1).name)])
+    admin = node.hardware.create_mig_device(uuid, dynamic(node, "1g.10gb", 2).mig.gi_profile_id, 2)  # type: ignore[union-attr]
+    kept_instance = next(iter(kept.mig_instances.values()))
+    lost_instance = next(iter(lost.mig_instances.values()))
+    restarted = node.manager()  # "lost" was never checkpointed: its instance must go
+    owned = {(uuid, kept_instance.gi_id, kept_instance.ci_id)}
+    destroyed = restarted.destroy_unowned_mig(owned)
+    assert len(destroyed) == 1 and lost_instance.uuid in destroyed[0]
+    assert {i.uuid for i in node.hardware.list_mig_devices(uuid)} == {kept_instance.uuid, admin.uuid}
+    assert restarted.destroy_unowned_mig(owned) == []
+    restarted.unprepare_group("kept", kept.state)
+    node.hardware.destroy_mig_device(uuid, admin.gi_id, admin.ci_id)
+    assert node.state().gpus[0].gpu_instances == []
+    restarted.destroy_unowned_mig(set())
+    assert node.state().gpus[0].mig_current is False
+
+
+def test_mig_device_config_on_a_full_gpu_is_refused(node: SimNode) -> None:
+    with pytest.raises(SharingError, match="cannot apply MigDeviceConfig to device gpu-0 \\(a full GPU\\)"):
+        node.manager().prepare_group("c", mig_ts(), [node.alloc("gpu-0")])
+
+
+def test_admin_access_devices_are_not_created(node: SimNode) -> None:
+    device = dynamic(node, "1g.10gb", 0)
+    result = node.manager().prepare_group("c", None, [node.alloc(device.name, admin_access=True)])
+    assert result.mig_instances == {}
+    assert result.state["adminAccessSkipped"] == [device.name]
+    assert node.state().gpus[0].gpu_instances == []

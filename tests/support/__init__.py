@@ -1,0 +1,1 @@
+"""Test support code shared by the test packages (real control plane, helpers)."""
