@@ -5,18 +5,24 @@
 #
 # Reproducible inputs: the base image is a build argument (pin it by digest in release builds, e.g.
 # --build-arg PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:...), and Python dependencies come from
-# manifests/image/requirements.lock (exact versions, installed with --no-deps so nothing is re-resolved).
+# manifests/image/requirements.lock and the build backend from build-requirements.lock (exact versions,
+# installed with --no-deps so nothing is re-resolved; regenerate both with manifests/image/lock.sh).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
-RUN python -m venv /opt/dra-gpu
-COPY manifests/image/requirements.lock /tmp/requirements.lock
-RUN /opt/dra-gpu/bin/pip install --no-deps --only-binary=:all: -r /tmp/requirements.lock
+COPY manifests/image/requirements.lock manifests/image/build-requirements.lock /tmp/
+# Locked dependencies as binary wheels only: nothing is compiled or re-resolved during the build.
+RUN python -m venv /opt/dra-gpu \
+ && /opt/dra-gpu/bin/pip install --no-deps --only-binary=:all: -r /tmp/requirements.lock \
+ && python -m venv /opt/build \
+ && /opt/build/bin/pip install --no-deps --only-binary=:all: -r /tmp/build-requirements.lock
 COPY pyproject.toml README.md /src/
 COPY dra_gpu /src/dra_gpu
-# The project itself, without touching the locked dependencies; then compile bytecode once, at build time.
-RUN /opt/dra-gpu/bin/pip install --no-deps /src \
+# The project as a wheel built by the locked backend, installed without touching the locked dependencies;
+# bytecode is compiled once, here; `pip check` proves the lock is complete.
+RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/wheels /src \
+ && /opt/dra-gpu/bin/pip install --no-deps /tmp/wheels/dra_gpu-*.whl \
  && /opt/dra-gpu/bin/python -m compileall -q /opt/dra-gpu/lib \
  && /opt/dra-gpu/bin/pip check
 

@@ -2,7 +2,9 @@
 # Renders the Helm chart into plain manifests under manifests/rendered/, for clusters installed without Helm:
 #   dra-gpu.yaml                 real GPUs; webhook certificate from cert-manager
 #   dra-gpu-simulated-dgx-h100.yaml   simulated DGX H100 node (test clusters without GPUs); no webhook
-# Usage: manifests/render.sh [--check]   (--check: fail if manifests/rendered/ differs from a fresh render)
+# Usage: manifests/render.sh [--check]
+#   --check: `helm lint --strict` the chart (default and simulator values), then fail if manifests/rendered/
+#            differs from a fresh render (what `make helm-lint` runs).
 # Helm: $HELM, else the one e2e/cluster/build.sh builds (built on demand), else helm on PATH.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,10 +57,17 @@ render_all() {
     mkdir -p "$dir"
     render "$dir/dra-gpu.yaml" "for nodes with NVIDIA GPUs (webhook certificate from cert-manager)"
     render "$dir/dra-gpu-simulated-dgx-h100.yaml" "on a simulated DGX H100 node (no GPUs needed; no webhook)" \
-        --set hardware=dgx-h100 --set nvidiaDriverRoot=/var/lib/dra-gpu/sim-root --set webhook.enabled=false
+        --set hardware=dgx-h100 --set webhook.enabled=false
+}
+
+lint() {
+    "$HELM_BIN" lint --strict "$CHART" --kube-version "$KUBE_VERSION" >&2
+    "$HELM_BIN" lint --strict "$CHART" --kube-version "$KUBE_VERSION" \
+        --set hardware=dgx-h100 >&2
 }
 
 if [[ "${1:-}" == "--check" ]]; then
+    lint
     tmp="$(mktemp -d /tmp/dra-gpu-render.XXXXXX)"
     trap 'rm -rf "$tmp"' EXIT
     render_all "$tmp"

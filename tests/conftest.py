@@ -10,9 +10,11 @@ The binaries come from `e2e/cluster/build.sh control-plane` (and `scheduler`); l
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +53,40 @@ def kube_scheduler(kube_apiserver: ControlPlane) -> ControlPlane:
             saved = kube_apiserver.save_logs("kube-scheduler-start-failed")
             pytest.fail(f"{err}\n(logs copied to {saved})", pytrace=False)
     return kube_apiserver
+
+
+# ------------------------------------------------------------------------------------ full local cluster
+# Tests marked `cluster` need the whole single-node cluster (kubelet, containerd; root; `build.sh all`).
+# They are opt-in because they change the host (node address on lo, iptables chain, /var/lib/kubelet):
+#   DRA_GPU_CLUSTER_TESTS=1 .venv/bin/pytest -q -m cluster tests/e2e_cluster
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster: needs the local single-node cluster (e2e/cluster/up.sh)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("DRA_GPU_CLUSTER_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(
+        reason="needs the local cluster; run with DRA_GPU_CLUSTER_TESTS=1 (root, build.sh all)"
+    )
+    for item in items:
+        if "cluster" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[Any]:
+    """The e2e cluster from e2e/cluster/cluster.py: reused when already up, else started and stopped here."""
+    from e2e.cluster.cluster import Cluster, ClusterError
+
+    cluster = Cluster()
+    started_here = not cluster.running()
+    try:
+        cluster.up()
+    except ClusterError as err:
+        pytest.fail(str(err), pytrace=False)
+    yield cluster
+    if started_here:
+        cluster.down()

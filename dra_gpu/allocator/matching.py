@@ -39,6 +39,9 @@ class SelectorSet:
             paths |= selector.paths
         self.whole_device = () in paths
         self.paths: tuple[Path, ...] = tuple(sorted(paths))
+        # (section, ident, qualified name) per value path; other paths fall back to raw_path_value.
+        self.value_paths = all(len(p) == 3 or p == ("driver",) for p in self.paths)
+        self.getters = [(p[0], p[1], p[2], f"{p[1]}/{p[2]}") for p in self.paths if len(p) == 3]
         self.cache: dict[tuple[Any, ...], Verdict] = {}
         self.evaluations = 0
 
@@ -49,8 +52,24 @@ class SelectorSet:
         driver = candidate.driver
         if self.whole_device:
             key: tuple[Any, ...] = (driver, raw_path_value(driver, data, ()))
+        elif self.value_paths:
+            parts: list[Any] = [driver]
+            for section, domain, ident, qualified in self.getters:
+                entries = data.get(section)
+                value = None
+                if entries:
+                    value = entries.get(ident) if domain == driver else None
+                    if value is None:
+                        value = entries.get(qualified)
+                if value is None:
+                    parts.append(None)
+                elif section == "capacity":
+                    parts.append(value.get("value"))  # CEL sees only the value, not the request policy
+                else:
+                    parts.append(tuple(value.items()))
+            key = tuple(parts)
         else:
-            key = (driver, *[_fast_value(driver, data, p) for p in self.paths])
+            key = (driver, *[raw_path_value(driver, data, p) for p in self.paths])
         try:
             return self.cache[key]
         except KeyError:
@@ -73,27 +92,6 @@ class SelectorSet:
                     f"{label}: CEL runtime error: {error.message} (expression: {selector.expression})",
                 )
         return None
-
-
-def _fast_value(driver: str, data: Mapping[str, Any], path: Path) -> Any:
-    """`raw_path_value` for the common case of one attribute or capacity value (hot path of explain)."""
-    if len(path) == 3:
-        entries = data.get(path[0])
-        if not entries:
-            return None
-        domain, ident = path[1], path[2]
-        value = entries.get(ident) if domain == driver else None
-        if value is None:
-            value = entries.get(f"{domain}/{ident}")
-        if value is None:
-            return None
-        try:
-            return tuple(value.items())
-        except AttributeError:
-            return value
-    if path == ("driver",):
-        return driver
-    return raw_path_value(driver, data, path)
 
 
 def untolerated_taint(candidate: Candidate, tolerations: Sequence[Toleration]) -> str | None:

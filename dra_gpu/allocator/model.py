@@ -37,11 +37,29 @@ class Candidate:
     A plain slots class: a thousand-node inventory creates hundreds of thousands of these.
     """
 
-    __slots__ = ("_capacity", "_cel", "_consumes", "data", "driver", "id", "label", "name", "node_name", "pool",
-                 "slice_name")
+    __slots__ = (
+        "_capacity",
+        "_cel",
+        "_consumes",
+        "data",
+        "driver",
+        "id",
+        "label",
+        "name",
+        "node_name",
+        "pool",
+        "slice_name",
+    )
 
-    def __init__(self, driver: str, pool: str, slice_name: str, name: str, data: Mapping[str, Any],
-                 node_name: str | None):
+    def __init__(
+        self,
+        driver: str,
+        pool: str,
+        slice_name: str,
+        name: str,
+        data: Mapping[str, Any],
+        node_name: str | None,
+    ):
         self.driver = driver
         self.pool = pool
         self.slice_name = slice_name

@@ -185,7 +185,9 @@ def _fill_pool(
                 continue
             for counter in counters:
                 if counter not in counter_set:
-                    problems.append(f"device {candidate.name} consumes unknown counter {counter!r} of {set_name!r}")
+                    problems.append(
+                        f"device {candidate.name} consumes unknown counter {counter!r} of {set_name!r}"
+                    )
     if problems and not pool.incomplete:
         pool.invalid_reason = "; ".join(problems[:3]) + (
             f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""

@@ -170,7 +170,9 @@ class NodeAllocator:
         for pool in self.pools:
             pool_problem = None
             if pool.incomplete:
-                pool_problem = f"pool {pool.name} is incomplete ({len(pool.slices)} of {pool.slice_count} slices)"
+                pool_problem = (
+                    f"pool {pool.name} is incomplete ({len(pool.slices)} of {pool.slice_count} slices)"
+                )
             elif pool.invalid_reason:
                 pool_problem = f"pool {pool.name} is invalid: {pool.invalid_reason}"
             for candidate in pool.candidates:
@@ -195,7 +197,9 @@ class NodeAllocator:
                     if candidate.id in existing.exclusive or (
                         candidate.id in existing.shared and not candidate.allow_multiple
                     ):
-                        rejected.append(Rejection(candidate.label, f"already allocated to claim {holder}", "allocated"))
+                        rejected.append(
+                            Rejection(candidate.label, f"already allocated to claim {holder}", "allocated")
+                        )
                         continue
                 if check_capacity or data.get("allowMultipleAllocations"):
                     _, problem = capacity_share(candidate, request)

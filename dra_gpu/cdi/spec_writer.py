@@ -33,7 +33,10 @@ class CdiSpecWriter:
             self.cdi_root.mkdir(parents=True, exist_ok=True, mode=0o755)
         except OSError as exc:
             raise CdiWriteError(f"creating CDI directory {self.cdi_root}: {exc.strerror or exc}") from exc
-        atomic_write(path, (json.dumps(spec, indent=1) + "\n").encode(), error=CdiWriteError, mode=0o644)
+        # Not fsynced: the spec is transient (the CDI root is normally the tmpfs /var/run/cdi, and leftovers
+        # are removed at start-up), so only atomicity matters, and that holds across a process crash.
+        data = (json.dumps(spec, indent=1) + "\n").encode()
+        atomic_write(path, data, error=CdiWriteError, mode=0o644, durable=False)
         return path
 
     def remove(self, claim_uid: str) -> bool:

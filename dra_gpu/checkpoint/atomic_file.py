@@ -9,11 +9,14 @@ import threading
 from pathlib import Path
 
 
-def atomic_write(path: Path, data: bytes, *, error: type[Exception], mode: int = 0o600) -> None:
+def atomic_write(
+    path: Path, data: bytes, *, error: type[Exception], mode: int = 0o600, durable: bool = True
+) -> None:
     """Replace `path` with `data` so that readers see the old or the new content, never a mix.
 
     Raises `error` naming the file and the cause; on failure the old file is untouched and no temp file
-    is left.
+    is left. `durable=False` skips the fsyncs: still atomic for readers and across a process crash (the page
+    cache survives it), but not across a power loss.
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
@@ -23,10 +26,13 @@ def atomic_write(path: Path, data: bytes, *, error: type[Exception], mode: int =
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
+        if not durable:
+            return
         dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             os.fsync(dir_fd)

@@ -159,7 +159,8 @@ def _state(args: argparse.Namespace) -> int:
     except StateError as err:
         return _fail(str(err))
     data = state.to_json()
-    # static facts next to the mutable state, so tests can map indexes to minors and UUIDs
+    # static facts next to the mutable state, so tests can map indexes to minors and read profile names
+    gpus = profiles.simulated_gpus(state.layout(), state.seed)
     data["devices"] = [
         {
             "index": g.index,
@@ -168,8 +169,13 @@ def _state(args: argparse.Namespace) -> int:
             "product_name": g.profile.product_name,
             "pci_bus_id": g.pci_bus_id,
         }
-        for g in profiles.simulated_gpus(state.layout(), state.seed)
+        for g in gpus
     ]
+    for gpu, entry in zip(gpus, data["gpus"], strict=True):
+        entry.update(index=gpu.index, minor=gpu.minor)
+        names = {p.gi_profile_id: p.name for p in gpu.profile.mig_profiles}
+        for gi in entry["gpu_instances"]:
+            gi["profile"] = names.get(gi["profile_id"], str(gi["profile_id"]))
     print(json.dumps(data, indent=2, sort_keys=True) if args.output == "json" else yaml.safe_dump(data))
     return 0
 
@@ -202,7 +208,7 @@ def _fault(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run this sub-command on its own (`python -m dra_gpu.cli.hardware ...`), without the other sub-commands."""
+    """Run this sub-command alone (`python -m dra_gpu.cli.hardware ...`), without the other sub-commands."""
     parser = argparse.ArgumentParser(prog="dra-gpu")
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["hardware", *(sys.argv[1:] if argv is None else argv)])

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run this sub-command on its own (`python -m dra_gpu.cli.slices ...`), without the other sub-commands."""
+    """Run this sub-command alone (`python -m dra_gpu.cli.slices ...`), without the other sub-commands."""
     parser = argparse.ArgumentParser(prog="dra-gpu")
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["slices", *(sys.argv[1:] if argv is None else argv)])

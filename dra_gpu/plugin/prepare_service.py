@@ -540,7 +540,9 @@ class PrepareService:
                 remaining.pop()
                 self.faults.reached(f"unprepare-group-{len(remaining)}")
         except Exception as exc:
-            checkpoint.claims[ref.uid] = _replace_groups(entry, remaining)
+            # Back to PrepareStarted: the claim is half undone, so a later Prepare must not answer from the
+            # checkpoint but finish the rollback and prepare again.
+            checkpoint.claims[ref.uid] = _replace_groups(entry, remaining, ClaimPhase.PREPARE_STARTED)
             self._write_quietly(ref, checkpoint)
             raise ClaimError("sharing", f"claim {ref}: undoing sharing setup failed: {exc}") from exc
         try:
@@ -606,7 +608,11 @@ class PrepareService:
                 )
                 self.checkpoints.write(checkpoint)
             owned = owned_mig_instances(checkpoint.claims.values(), self.device_model())
-            destroyed = self.sharing.destroy_unowned_mig(owned)
+            try:
+                destroyed = self.sharing.destroy_unowned_mig(owned)
+            except Exception as exc:  # serve anyway: leftover MIG devices only cost capacity
+                log.error("destroying leftover MIG instances failed", error=str(exc))
+                destroyed = []
             if destroyed:
                 log.info("destroyed MIG instances no claim owns", instances=destroyed)
             for uid in self.cdi.claim_uids() - set(checkpoint.claims):
@@ -653,12 +659,14 @@ def _with_group(entry: ClaimEntry, group: PreparedGroup) -> ClaimEntry:
     return _replace_groups(entry, [*entry.groups, group])
 
 
-def _replace_groups(entry: ClaimEntry, groups: Sequence[PreparedGroup]) -> ClaimEntry:
+def _replace_groups(
+    entry: ClaimEntry, groups: Sequence[PreparedGroup], phase: ClaimPhase | None = None
+) -> ClaimEntry:
     return ClaimEntry(
         uid=entry.uid,
         namespace=entry.namespace,
         name=entry.name,
-        phase=entry.phase,
+        phase=phase or entry.phase,
         devices=entry.devices,
         groups=tuple(groups),
         extra=entry.extra,

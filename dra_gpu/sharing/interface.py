@@ -1,9 +1,9 @@
 """The seam between the prepare service (plugin) and the sharing machinery.
 
 The plugin resolves a claim's allocation into groups of devices that share one opaque config, then asks a
-`SharingManager` to apply each group's config (time-slicing, MPS, dynamic MIG creation). What the manager did is
-returned as a JSON-serialisable `state`, written into the checkpoint, and handed back to `unprepare_group` so the
-undo works after a plugin restart.
+`SharingManager` to apply each group's config (time-slicing, MPS, dynamic MIG creation). What the manager did
+is returned as a JSON-serialisable `state`, written into the checkpoint, and handed back to `unprepare_group`
+so the undo works after a plugin restart.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ class SharingManager(Protocol):
     ) -> GroupResult:
         """Apply `config` (a decoded GpuConfig/MigDeviceConfig, or None for defaults) to the devices.
 
-        Creates dynamic MIG devices, sets time-slicing, starts MPS. On failure rolls back what it did and raises
-        SharingError.
+        Creates dynamic MIG devices, sets time-slicing, starts MPS. On failure rolls back what it did and
+        raises SharingError.
         """
         ...
 

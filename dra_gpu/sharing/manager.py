@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from dra_gpu.hardware.types import GpuInfo, MigInstance
 from dra_gpu.inventory.model import DeviceKind
 from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, CdiMount, GroupResult, SharingError
 from dra_gpu.sharing.mig_lifecycle import MigLifecycle, instance_from_json, instance_json
-from dra_gpu.sharing.mps import DaemonSpec, MpsDaemons, client_edits
+from dra_gpu.sharing.mps import DaemonSpec, MpsDaemons, client_edits, saved_record
 from dra_gpu.sharing.plan import MpsPlan, SharePlan, SharingPlan, build_plan
 from dra_gpu.sharing.registry import Registry
 from dra_gpu.sharing.time_slicing import TimeSlicing
@@ -296,6 +296,30 @@ class HardwareSharingManager:
             destroyed = self._mig.destroy_unowned(owned, list(gpus.values()))
             self._gpus = None
             return destroyed
+
+    def stop_unowned_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> list[str]:
+        """At start-up: stop MPS daemons that neither a checkpointed group state nor a shared GPU owns.
+
+        A crash between starting a daemon and checkpointing the group leaves one behind; its own `record.json`
+        (written while it starts) says how to stop it and which compute modes to restore. Returns their ids.
+        """
+        with self._lock:
+            owned = {s["mpsDaemon"]["id"] for s in owned_states if s.get("mpsDaemon")}
+            owned |= {e["daemon"]["id"] for e in self._registry.read()["sharedMps"].values()}
+            stopped: list[str] = []
+            for directory in self._mps.daemon_dirs():
+                if directory.name in owned:
+                    continue
+                record = saved_record(directory)
+                if record is None:
+                    log.warning("MPS directory without a record; leaving it", dir=str(directory))
+                    continue
+                problems = self._mps.stop(record)
+                if problems:
+                    log.error("cannot stop unowned MPS daemon", id=directory.name, problems=problems)
+                    continue
+                stopped.append(directory.name)
+            return stopped
 
     def describe(self) -> dict[str, Any]:
         """The registry (what is shared between claims right now), for diagnostics."""

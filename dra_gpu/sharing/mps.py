@@ -20,6 +20,7 @@ process.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -44,6 +45,7 @@ CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 CONTAINER_SHM_DIR = "/dev/shm"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the simulated daemon; absent on some real drivers
 LOG_FILE = "control.log"
+RECORD_FILE = "record.json"
 DEFAULT_SHM_SIZE = "65536k"  # NVIDIA's fallback when MemTotal cannot be read
 SHM_OPTIONS = "rw,nosuid,nodev,noexec,relatime"
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib/aarch64-linux-gnu", "usr/lib")
@@ -99,24 +101,29 @@ class MpsDaemons:
         if not os.access(binary, os.X_OK):
             raise SharingError(
                 f"cannot start MPS for {', '.join(spec.visible_uuids)}: {binary} is missing or not "
-                "executable "
-                "(check --nvidia-driver-root)"
+                "executable (check --nvidia-driver-root)"
             )
         root = self._base / spec.daemon_id
         if root.exists():
             # Left over from an interrupted attempt or a lost checkpoint: take it down before starting anew.
             log.warning("stale MPS daemon directory; stopping what is left", dir=str(root))
-            self.stop(self._record_for(spec, root, pid=None, shm_mounted=_is_mount_point(root / "shm")))
+            stale = saved_record(root) or self._record_for(
+                spec, root, pid=None, shm_mounted=_is_mount_point(root / "shm")
+            )
+            self.stop(stale)
         record = self._record_for(spec, root, pid=None, shm_mounted=False)
         try:
             for name in ("pipe", "log", "shm"):
                 (root / name).mkdir(parents=True, exist_ok=True)
             record["shmMounted"] = self._mount_tmpfs(root / "shm")
+            _save_record(record)
             for uuid in spec.exclusive_gpus:
                 record["computeModes"][uuid] = int(self._hardware.get_compute_mode(uuid))
                 self._hardware.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
+                _save_record(record)
             self._run(record, ["-d"], None, what="starting the MPS control daemon")
             record["pid"] = self._read_pid(root / "pipe")
+            _save_record(record)
             self._wait_ready(record)
             limits = [
                 f"set_default_device_pinned_mem_limit {uuid} {format_mib(value)}"
@@ -249,6 +256,9 @@ class MpsDaemons:
         except (OSError, ValueError):
             return None
 
+    def daemon_dirs(self) -> list[Path]:
+        return sorted(p for p in self._base.iterdir() if p.is_dir()) if self._base.is_dir() else []
+
     # ---- stop ----------------------------------------------------------------------------------------------
 
     def stop(self, record: Mapping[str, Any]) -> list[str]:
@@ -289,6 +299,22 @@ class MpsDaemons:
         if not problems:
             log.info("MPS daemon stopped", id=record["id"], pid=pid)
         return problems
+
+
+def _save_record(record: Mapping[str, Any]) -> None:
+    """Keep a copy of the record next to the daemon: the way to stop it if the checkpoint never got it."""
+    path = Path(record["dir"]) / RECORD_FILE
+    tmp = path.with_name(RECORD_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def saved_record(daemon_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((daemon_dir / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _shm_size() -> str:

@@ -17,6 +17,7 @@ DRAPartitionableDevices or DRAConsumableCapacity off) are reported once and not 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import threading
@@ -105,6 +106,8 @@ class SliceController:
         self._write_done = threading.Condition(self._lock)
         self._accepted_forms: dict[str, tuple[str, str]] = {}  # name -> (desired form, form the server kept)
         self._in_sync = False
+        # (key, model kept alive so its id stays unique, validated slices at generation 0)
+        self._template: tuple[Any, DeviceModel, list[dict[str, Any]]] | None = None
         self._threads: list[threading.Thread] = []
         self._watch_response: Any = None
         self.calls = ApiCallCounts()
@@ -201,14 +204,20 @@ class SliceController:
                     self._model = model
 
     def _desired(self, model: DeviceModel) -> Callable[[int], list[dict[str, Any]]]:
+        """Slices for `model` at any generation; built and validated once per (model, layout, owner)."""
         version = self._kubernetes_version or (1, 36)
+        key = (id(model), version, self._node_uid)
+        if self._template is None or self._template[0] != key:
+            slices = build_slices(model, self.node_name, version, 0, self._node_uid, self.driver_name)
+            check_slices(slices, version)
+            self._template = (key, model, slices)
+        template = self._template[2]
 
         def at(generation: int) -> list[dict[str, Any]]:
-            slices = build_slices(
-                model, self.node_name, version, generation, self._node_uid, self.driver_name
-            )
-            check_slices(slices, version)
-            return slices
+            out = copy.deepcopy(template)
+            for item in out:
+                item["spec"]["pool"]["generation"] = generation
+            return out
 
         return at
 
@@ -280,8 +289,12 @@ class SliceController:
                     raise
         for item in plan.updates:
             self.calls.update += 1
-            self._write(item, lambda body: self._api.replace_resource_slice(
-                body["metadata"]["name"], body, _preload_content=False))
+            self._write(
+                item,
+                lambda body: self._api.replace_resource_slice(
+                    body["metadata"]["name"], body, _preload_content=False
+                ),
+            )
         for item in plan.creates:
             self.calls.create += 1
             self._write(item, lambda body: self._api.create_resource_slice(body, _preload_content=False))

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra_gpu.config.api import ConfigError, decode_opaque_config
+from dra_gpu.config.api import API_VERSION, LEGACY_API_VERSION, ConfigError, decode_opaque_config
 from dra_gpu.inventory.model import DRIVER_NAME
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
@@ -80,6 +80,33 @@ def check_object(kind: str, obj: Mapping[str, Any]) -> list[Problem]:
     return problems
 
 
+def _our_configs(kind: str, obj: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """(path, parameters) of every opaque config entry for our driver."""
+    node: Any = obj
+    for step in CONFIG_PATHS.get(kind, ()):
+        node = node.get(step) if isinstance(node, Mapping) else None
+    if not isinstance(node, list):
+        return []
+    prefix = ".".join(CONFIG_PATHS[kind])
+    return [
+        (f"{prefix}[{i}].opaque.parameters", e["opaque"].get("parameters"))
+        for i, e in enumerate(node)
+        if isinstance(e, Mapping)
+        and isinstance(e.get("opaque"), Mapping)
+        and e["opaque"].get("driver") == DRIVER_NAME
+    ]
+
+
+def deprecation_warnings(kind: str, obj: Mapping[str, Any]) -> list[str]:
+    """Admission warnings (kubectl prints them) for configs that use the deprecated API version."""
+    return [
+        f"{path}: apiVersion {LEGACY_API_VERSION} is deprecated; use {API_VERSION} (same fields, "
+        "timeSlicingConfig.timeSlice is now interval)"
+        for path, parameters in _our_configs(kind, obj)
+        if isinstance(parameters, Mapping) and parameters.get("apiVersion") == LEGACY_API_VERSION
+    ]
+
+
 def _problems_from(err: ConfigError, prefix: str) -> list[Problem]:
     # "parameters" is how the decoder names the whole object; the prefix already ends with it.
     return [
@@ -103,6 +130,9 @@ def review(request_body: Mapping[str, Any]) -> dict[str, Any]:
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if request.get("operation") in ("CREATE", "UPDATE") and isinstance(obj, Mapping):
         problems = check_object(kind, obj)
+        warnings = deprecation_warnings(kind, obj)
+        if warnings:
+            response["warnings"] = warnings
         if problems:
             message = deny_message(object_label(kind, obj), problems)
             response = {

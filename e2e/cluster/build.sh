@@ -79,6 +79,16 @@ stamp_ok() { # name recipe binaries...
     for b in "$@"; do [[ -x "$BIN/$b" ]] || return 1; done
 }
 
+# locked NAME CMD...: runs CMD holding $CACHE/k8s/.lock-NAME. Several sessions may call build.sh at once: one
+# builds a component, the others wait for that component only and then find its stamp current.
+locked() {
+    local name="$1" fd; shift
+    exec {fd}>"$CACHE/k8s/.lock-$name"
+    flock "$fd"
+    "$@"
+    exec {fd}>&-
+}
+
 write_stamp() { mkdir -p "$STAMPS"; printf '%s' "$2" >"$STAMPS/$1"; }
 
 # module_dir MODULE@VERSION: downloads a module and prints its (read-only) directory in the module cache.
@@ -247,21 +257,19 @@ main() {
     (($#)) || set -- control-plane
     command -v go >/dev/null || die "go is not installed (need go >= 1.26 for Kubernetes $KUBERNETES_VERSION)"
     mkdir -p "$BIN" "$SRC"
-    # Several test sessions may call build.sh at once: one builds, the others wait and then see the stamps.
-    exec 9>"$CACHE/k8s/.build.lock"
-    flock 9
     local t0=$SECONDS target
     for target in "$@"; do
         local t_target=$SECONDS built_before=$BUILT
         case "$target" in
-            control-plane) build_etcd; build_k8s kube-apiserver ;;
-            node) build_k8s kubelet; build_containerd; build_runc; build_cni ;;
+            control-plane) locked etcd build_etcd; locked k8s build_k8s kube-apiserver ;;
+            node) locked k8s build_k8s kubelet; locked containerd build_containerd; locked runc build_runc
+                locked cni build_cni ;;
             all)
-                build_etcd
-                build_k8s kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet
-                build_containerd; build_runc; build_cni ;;
-            scheduler) build_k8s kube-scheduler ;;
-            helm) build_helm ;;
+                locked etcd build_etcd
+                locked k8s build_k8s kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl
+                locked containerd build_containerd; locked runc build_runc; locked cni build_cni ;;
+            scheduler) locked k8s build_k8s kube-scheduler ;;
+            helm) locked helm build_helm ;;
             *) die "unknown target '$target' (use control-plane, node, all, scheduler or helm)" ;;
         esac
         # cold_s: this target compiled something; warm_s: every stamp was current.

@@ -14,9 +14,16 @@ from dra_gpu.allocator.search import Existing
 DRIVER = "gpu.nvidia.com"
 
 
-def device(name: str, kind: str = "gpu", *, attributes: Mapping[str, Any] | None = None,
-           capacity: Mapping[str, Any] | None = None, consumes: Sequence[Mapping[str, Any]] = (),
-           taints: Sequence[Mapping[str, Any]] = (), multi: bool = False) -> dict[str, Any]:
+def device(
+    name: str,
+    kind: str = "gpu",
+    *,
+    attributes: Mapping[str, Any] | None = None,
+    capacity: Mapping[str, Any] | None = None,
+    consumes: Sequence[Mapping[str, Any]] = (),
+    taints: Sequence[Mapping[str, Any]] = (),
+    multi: bool = False,
+) -> dict[str, Any]:
     attrs: dict[str, Any] = {"type": {"string": kind}}
     for key, value in (attributes or {}).items():
         if isinstance(value, bool):
@@ -40,12 +47,23 @@ def device(name: str, kind: str = "gpu", *, attributes: Mapping[str, Any] | None
 
 
 def consumes(counter_set: str, **counters: str) -> dict[str, Any]:
-    return {"counterSet": counter_set, "counters": {k.replace("_", "-"): {"value": v} for k, v in counters.items()}}
+    return {
+        "counterSet": counter_set,
+        "counters": {k.replace("_", "-"): {"value": v} for k, v in counters.items()},
+    }
 
 
-def resource_slice(name: str, node: str, devices: Sequence[Mapping[str, Any]] = (), *, pool: str | None = None,
-                   generation: int = 1, count: int = 1, counters: Mapping[str, Mapping[str, str]] | None = None,
-                   driver: str = DRIVER) -> dict[str, Any]:
+def resource_slice(
+    name: str,
+    node: str,
+    devices: Sequence[Mapping[str, Any]] = (),
+    *,
+    pool: str | None = None,
+    generation: int = 1,
+    count: int = 1,
+    counters: Mapping[str, Mapping[str, str]] | None = None,
+    driver: str = DRIVER,
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "driver": driver,
         "nodeName": node,
@@ -58,10 +76,17 @@ def resource_slice(name: str, node: str, devices: Sequence[Mapping[str, Any]] = 
             {"name": set_name, "counters": {k: {"value": v} for k, v in values.items()}}
             for set_name, values in counters.items()
         ]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
-def exactly(name: str, device_class: str = "gpu.nvidia.com", count: int | None = 1, **extra: Any) -> dict[str, Any]:
+def exactly(
+    name: str, device_class: str = "gpu.nvidia.com", count: int | None = 1, **extra: Any
+) -> dict[str, Any]:
     body: dict[str, Any] = {"deviceClassName": device_class}
     if count is not None:
         body["count"] = count
@@ -75,13 +100,21 @@ def first_available(name: str, *subs: Mapping[str, Any]) -> dict[str, Any]:
     return {"name": name, "firstAvailable": list(subs)}
 
 
-def claim(name: str, *requests: Mapping[str, Any], constraints: Sequence[Mapping[str, Any]] = (),
-          namespace: str = "default") -> dict[str, Any]:
+def claim(
+    name: str,
+    *requests: Mapping[str, Any],
+    constraints: Sequence[Mapping[str, Any]] = (),
+    namespace: str = "default",
+) -> dict[str, Any]:
     devices: dict[str, Any] = {"requests": list(requests)}
     if constraints:
         devices["constraints"] = list(constraints)
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace}, "spec": {"devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": devices},
+    }
 
 
 def allocated(name: str, *results: Mapping[str, Any], namespace: str = "default") -> dict[str, Any]:
@@ -94,9 +127,15 @@ def result(device_name: str, pool: str, request: str = "x", **extra: Any) -> dic
     return {"request": request, "driver": DRIVER, "pool": pool, "device": device_name, **extra}
 
 
-def run(claims: Sequence[Mapping[str, Any]], slices: Sequence[Mapping[str, Any]], *,
-        existing: Sequence[Mapping[str, Any]] = (), classes: Sequence[Mapping[str, Any]] | None = None,
-        nodes: Sequence[Node] | None = None, together: bool = False) -> list[ClaimExplanation]:
+def run(
+    claims: Sequence[Mapping[str, Any]],
+    slices: Sequence[Mapping[str, Any]],
+    *,
+    existing: Sequence[Mapping[str, Any]] = (),
+    classes: Sequence[Mapping[str, Any]] | None = None,
+    nodes: Sequence[Node] | None = None,
+    together: bool = False,
+) -> list[ClaimExplanation]:
     class_specs = {c.name: c for c in (parse_device_class(o) for o in (classes or builtin_device_classes()))}
     index = SliceIndex(slices)
     node_list = list(nodes) if nodes is not None else [Node(n) for n in sorted(index.node_names)]

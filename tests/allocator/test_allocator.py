@@ -16,18 +16,42 @@ from tests.allocator.builders import (
     run,
 )
 
-A100_COUNTERS = {"gpu-0-counter-set": {"memory": "40Gi", "multiprocessors": "98", "memory-slice-0": "1",
-                                       "memory-slice-1": "1"}}
+A100_COUNTERS = {
+    "gpu-0-counter-set": {
+        "memory": "40Gi",
+        "multiprocessors": "98",
+        "memory-slice-0": "1",
+        "memory-slice-1": "1",
+    }
+}
 
 
 def partitionable_node(node: str = "n1") -> list[dict]:
     """1.35+ shape: a counters-only slice, then the devices: the whole GPU and two half-GPU MIG devices."""
-    whole = device("gpu-0", consumes=[consumes("gpu-0-counter-set", memory="40Gi", multiprocessors="98",
-                                               memory_slice_0="1", memory_slice_1="1")])
-    half_a = device("gpu-0-mig-3g20gb-0", "mig", attributes={"profile": "3g.20gb"},
-                    consumes=[consumes("gpu-0-counter-set", memory="20Gi", multiprocessors="42", memory_slice_0="1")])
-    half_b = device("gpu-0-mig-3g20gb-4", "mig", attributes={"profile": "3g.20gb"},
-                    consumes=[consumes("gpu-0-counter-set", memory="20Gi", multiprocessors="42", memory_slice_1="1")])
+    whole = device(
+        "gpu-0",
+        consumes=[
+            consumes(
+                "gpu-0-counter-set",
+                memory="40Gi",
+                multiprocessors="98",
+                memory_slice_0="1",
+                memory_slice_1="1",
+            )
+        ],
+    )
+    half_a = device(
+        "gpu-0-mig-3g20gb-0",
+        "mig",
+        attributes={"profile": "3g.20gb"},
+        consumes=[consumes("gpu-0-counter-set", memory="20Gi", multiprocessors="42", memory_slice_0="1")],
+    )
+    half_b = device(
+        "gpu-0-mig-3g20gb-4",
+        "mig",
+        attributes={"profile": "3g.20gb"},
+        consumes=[consumes("gpu-0-counter-set", memory="20Gi", multiprocessors="42", memory_slice_1="1")],
+    )
     return [
         resource_slice(f"{node}-a", node, counters=A100_COUNTERS, count=2),
         resource_slice(f"{node}-b", node, [whole, half_a, half_b], count=2),
@@ -35,13 +59,19 @@ def partitionable_node(node: str = "n1") -> list[dict]:
 
 
 def test_first_fit_in_slice_name_order() -> None:
-    slices = [resource_slice("n1-b", "n1", [device("gpu-1")]), resource_slice("n1-a", "n1", [device("gpu-0")])]
+    slices = [
+        resource_slice("n1-b", "n1", [device("gpu-1")]),
+        resource_slice("n1-a", "n1", [device("gpu-0")]),
+    ]
     [explanation] = run([claim("c", exactly("g"))], slices)
     assert explanation.allocatable and allocated_labels(explanation) == ["n1/gpu-0"]
 
 
 def test_nodes_are_tried_in_name_order() -> None:
-    slices = [resource_slice("s2", "node-b", [device("gpu-0")]), resource_slice("s1", "node-a", [device("gpu-0")])]
+    slices = [
+        resource_slice("s2", "node-b", [device("gpu-0")]),
+        resource_slice("s1", "node-a", [device("gpu-0")]),
+    ]
     [explanation] = run([claim("c", exactly("g"))], slices)
     assert explanation.node == "node-a"
 
@@ -52,8 +82,11 @@ def test_counters_make_whole_gpu_and_mig_exclusive() -> None:
     [explanation] = run([both_halves], slices)
     assert allocated_labels(explanation) == ["n1/gpu-0-mig-3g20gb-0", "n1/gpu-0-mig-3g20gb-4"]
     # The whole GPU is held by another claim: no MIG device fits, and the reason names the counter.
-    [blocked] = run([claim("m", exactly("m", "mig.nvidia.com"))], slices,
-                    existing=[allocated("other", result("gpu-0", "n1"))])
+    [blocked] = run(
+        [claim("m", exactly("m", "mig.nvidia.com"))],
+        slices,
+        existing=[allocated("other", result("gpu-0", "n1"))],
+    )
     assert not blocked.allocatable
     reasons = {r.reason for r in blocked.requests[0].rejected}
     assert any("counter gpu-0-counter-set/" in reason and "exhausted" in reason for reason in reasons)
@@ -73,8 +106,10 @@ def test_incomplete_pool_is_skipped() -> None:
 
 
 def test_only_the_newest_generation_counts() -> None:
-    slices = [resource_slice("old", "n1", [device("gpu-0")], generation=1),
-              resource_slice("new", "n1", [device("gpu-9")], generation=2)]
+    slices = [
+        resource_slice("old", "n1", [device("gpu-0")], generation=1),
+        resource_slice("new", "n1", [device("gpu-9")], generation=2),
+    ]
     [explanation] = run([claim("c", exactly("g"))], slices)
     assert allocated_labels(explanation) == ["n1/gpu-9"]
 
@@ -87,15 +122,25 @@ def test_invalid_pool_with_dangling_counter_reference() -> None:
 
 
 def test_duplicate_device_names_make_a_pool_invalid() -> None:
-    slices = [resource_slice("s1", "n1", [device("gpu-0")], count=2), resource_slice("s2", "n1", [device("gpu-0")],
-                                                                                      count=2)]
+    slices = [
+        resource_slice("s1", "n1", [device("gpu-0")], count=2),
+        resource_slice("s2", "n1", [device("gpu-0")], count=2),
+    ]
     [explanation] = run([claim("c", exactly("g"))], slices)
     assert not explanation.allocatable
 
 
 def test_selectors_report_which_one_failed() -> None:
-    slices = [resource_slice("s", "n1", [device("gpu-0", attributes={"productName": "A100"}),
-                                         device("gpu-1", attributes={"productName": "H100"})])]
+    slices = [
+        resource_slice(
+            "s",
+            "n1",
+            [
+                device("gpu-0", attributes={"productName": "A100"}),
+                device("gpu-1", attributes={"productName": "H100"}),
+            ],
+        )
+    ]
     request = exactly("g", selectors=["device.attributes['gpu.nvidia.com'].productName == 'H100'"])
     [explanation] = run([claim("c", request)], slices)
     assert allocated_labels(explanation) == ["n1/gpu-1"]
@@ -115,8 +160,13 @@ def test_cel_runtime_error_aborts_the_node() -> None:
 
 def test_taints_and_tolerations() -> None:
     taint = {"key": "example.com/unhealthy", "value": "true", "effect": "NoSchedule"}
-    slices = [resource_slice("s", "n1", [device("gpu-0", taints=[taint]), device("gpu-1", taints=[
-        {"key": "info", "effect": "None"}])])]
+    slices = [
+        resource_slice(
+            "s",
+            "n1",
+            [device("gpu-0", taints=[taint]), device("gpu-1", taints=[{"key": "info", "effect": "None"}])],
+        )
+    ]
     [plain] = run([claim("c", exactly("g", count=2))], slices)
     assert not plain.allocatable
     assert any("not tolerated" in r.reason for r in plain.requests[0].rejected)
@@ -141,8 +191,11 @@ def test_allocation_mode_all() -> None:
     slices = [resource_slice("s", "n1", [device("gpu-0"), device("gpu-1"), device("m", "mig")])]
     [explanation] = run([claim("c", exactly("g", count=None, allocationMode="All"))], slices)
     assert allocated_labels(explanation) == ["n1/gpu-0", "n1/gpu-1"]
-    [busy] = run([claim("c", exactly("g", count=None, allocationMode="All"))], slices,
-                 existing=[allocated("o", result("gpu-1", "n1"))])
+    [busy] = run(
+        [claim("c", exactly("g", count=None, allocationMode="All"))],
+        slices,
+        existing=[allocated("o", result("gpu-1", "n1"))],
+    )
     assert not busy.allocatable
     [none] = run([claim("c", exactly("g", "gpu-share.nvidia.com", count=None, allocationMode="All"))], slices)
     assert not none.allocatable
@@ -150,62 +203,94 @@ def test_allocation_mode_all() -> None:
 
 def test_match_attribute_backtracks() -> None:
     # First fit would take gpu-0 (interconnect a) but a second device on `a` does not exist: backtrack to b.
-    devices = [device("gpu-0", attributes={"interconnect": "a"}), device("gpu-1", attributes={"interconnect": "b"}),
-               device("gpu-2", attributes={"interconnect": "b"})]
+    devices = [
+        device("gpu-0", attributes={"interconnect": "a"}),
+        device("gpu-1", attributes={"interconnect": "b"}),
+        device("gpu-2", attributes={"interconnect": "b"}),
+    ]
     constraint = {"matchAttribute": "gpu.nvidia.com/interconnect"}
-    [explanation] = run([claim("c", exactly("g", count=2), constraints=[constraint])],
-                        [resource_slice("s", "n1", devices)])
+    [explanation] = run(
+        [claim("c", exactly("g", count=2), constraints=[constraint])], [resource_slice("s", "n1", devices)]
+    )
     assert allocated_labels(explanation) == ["n1/gpu-1", "n1/gpu-2"]
 
 
 def test_match_attribute_across_requests_and_versions_compare_semantically() -> None:
-    devices = [device("gpu-0", attributes={"driverVersion": "v:1.0.0+a"}),
-               device("m-0", "mig", attributes={"driverVersion": "v:2.0.0"}),
-               device("m-1", "mig", attributes={"driverVersion": "v:1.0.0+b"})]
+    devices = [
+        device("gpu-0", attributes={"driverVersion": "v:1.0.0+a"}),
+        device("m-0", "mig", attributes={"driverVersion": "v:2.0.0"}),
+        device("m-1", "mig", attributes={"driverVersion": "v:1.0.0+b"}),
+    ]
     constraint = {"matchAttribute": "gpu.nvidia.com/driverVersion", "requests": ["g", "m"]}
-    [explanation] = run([claim("c", exactly("g"), exactly("m", "mig.nvidia.com"), constraints=[constraint])],
-                        [resource_slice("s", "n1", devices)])
+    [explanation] = run(
+        [claim("c", exactly("g"), exactly("m", "mig.nvidia.com"), constraints=[constraint])],
+        [resource_slice("s", "n1", devices)],
+    )
     assert allocated_labels(explanation) == ["n1/gpu-0", "n1/m-1"]
 
 
 def test_devices_without_the_constrained_attribute_are_not_chosen() -> None:
     devices = [device("gpu-0"), device("gpu-1", attributes={"numa": 0})]
-    [explanation] = run([claim("c", exactly("g"), constraints=[{"matchAttribute": "gpu.nvidia.com/numa"}])],
-                        [resource_slice("s", "n1", devices)])
+    [explanation] = run(
+        [claim("c", exactly("g"), constraints=[{"matchAttribute": "gpu.nvidia.com/numa"}])],
+        [resource_slice("s", "n1", devices)],
+    )
     assert allocated_labels(explanation) == ["n1/gpu-1"]
 
 
 def test_distinct_attribute() -> None:
-    devices = [device("gpu-0", attributes={"numa": 0}), device("gpu-1", attributes={"numa": 0}),
-               device("gpu-2", attributes={"numa": 1})]
-    [explanation] = run([claim("c", exactly("g", count=2), constraints=[{"distinctAttribute": "gpu.nvidia.com/numa"}])],
-                        [resource_slice("s", "n1", devices)])
+    devices = [
+        device("gpu-0", attributes={"numa": 0}),
+        device("gpu-1", attributes={"numa": 0}),
+        device("gpu-2", attributes={"numa": 1}),
+    ]
+    [explanation] = run(
+        [claim("c", exactly("g", count=2), constraints=[{"distinctAttribute": "gpu.nvidia.com/numa"}])],
+        [resource_slice("s", "n1", devices)],
+    )
     assert allocated_labels(explanation) == ["n1/gpu-0", "n1/gpu-2"]
 
 
 def test_first_available_falls_back_and_names_the_subrequest() -> None:
     slices = [resource_slice("s", "n1", [device("gpu-0"), device("m-0", "mig")])]
-    request = first_available("g", {"name": "two", "deviceClassName": "gpu.nvidia.com", "count": 2},
-                              {"name": "mig", "deviceClassName": "mig.nvidia.com"})
+    request = first_available(
+        "g",
+        {"name": "two", "deviceClassName": "gpu.nvidia.com", "count": 2},
+        {"name": "mig", "deviceClassName": "mig.nvidia.com"},
+    )
     [explanation] = run([claim("c", request)], slices)
     assert [(r.request, r.label) for r in explanation.results] == [("g/mig", "n1/m-0")]
     assert explanation.requests[0].allocated == ["n1/m-0"]
 
 
 def test_consumable_capacity_rounding_default_and_sum() -> None:
-    policy = {"value": "40Gi", "requestPolicy": {"default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}}
+    policy = {
+        "value": "40Gi",
+        "requestPolicy": {"default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}},
+    }
     compute = {"value": "100", "requestPolicy": {"validValues": ["10", "50", "100"]}}
     share = device("gpu-0-shared", "gpu-share", capacity={"memory": policy, "compute": compute}, multi=True)
     slices = [resource_slice("s", "n1", [share])]
-    request = exactly("s", "gpu-share.nvidia.com", capacity={"requests": {"memory": "1500Mi", "compute": "20"}})
+    request = exactly(
+        "s", "gpu-share.nvidia.com", capacity={"requests": {"memory": "1500Mi", "compute": "20"}}
+    )
     [explanation] = run([claim("c", request)], slices)
     [allocation] = explanation.results
     assert allocation.consumed_capacity == {"memory": 2 * 2**30, "compute": 50}
     assert allocation.share_id is not None
     # Two shares of 30Gi do not fit in 40Gi; the second claim sees the first one's share.
     big = exactly("s", "gpu-share.nvidia.com", capacity={"requests": {"memory": "30Gi"}})
-    existing = [allocated("o", result("gpu-0-shared", "n1", shareID="0f0e0d0c-0000-4000-8000-000000000000",
-                                      consumedCapacity={"memory": "30Gi", "compute": "10"}))]
+    existing = [
+        allocated(
+            "o",
+            result(
+                "gpu-0-shared",
+                "n1",
+                shareID="0f0e0d0c-0000-4000-8000-000000000000",
+                consumedCapacity={"memory": "30Gi", "compute": "10"},
+            ),
+        )
+    ]
     [second] = run([claim("c", big)], slices, existing=existing)
     assert not second.allocatable
     # Not requested and no default: the whole capacity.
@@ -231,32 +316,40 @@ def test_capacity_request_is_a_minimum_on_exclusive_devices() -> None:
 
 def test_two_requests_share_one_multi_allocatable_device() -> None:
     share = device("gpu-0-shared", "gpu-share", capacity={"memory": "40Gi"}, multi=True)
-    requests = [exactly("a", "gpu-share.nvidia.com", capacity={"requests": {"memory": "10Gi"}}),
-                exactly("b", "gpu-share.nvidia.com", capacity={"requests": {"memory": "10Gi"}})]
+    requests = [
+        exactly("a", "gpu-share.nvidia.com", capacity={"requests": {"memory": "10Gi"}}),
+        exactly("b", "gpu-share.nvidia.com", capacity={"requests": {"memory": "10Gi"}}),
+    ]
     [explanation] = run([claim("c", *requests)], [resource_slice("s", "n1", [share])])
     assert allocated_labels(explanation) == ["n1/gpu-0-shared", "n1/gpu-0-shared"]
     assert explanation.results[0].share_id != explanation.results[1].share_id
 
 
 def test_claims_of_one_pod_land_on_one_node() -> None:
-    slices = [resource_slice("a", "node-a", [device("gpu-0")]),
-              resource_slice("b", "node-b", [device("gpu-0"), device("m-0", "mig")])]
-    first, second = run([claim("g", exactly("g")), claim("m", exactly("m", "mig.nvidia.com"))], slices,
-                        together=True)
+    slices = [
+        resource_slice("a", "node-a", [device("gpu-0")]),
+        resource_slice("b", "node-b", [device("gpu-0"), device("m-0", "mig")]),
+    ]
+    first, second = run(
+        [claim("g", exactly("g")), claim("m", exactly("m", "mig.nvidia.com"))], slices, together=True
+    )
     assert first.node == second.node == "node-b"
 
 
 def test_node_selector_slices() -> None:
     shared = resource_slice("net", "ignored", [device("nic-0", "gpu")])
     del shared["spec"]["nodeName"]
-    shared["spec"]["nodeSelector"] = {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "zone", "operator": "In", "values": ["z1"]}]}]}
+    shared["spec"]["nodeSelector"] = {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}]
+    }
     nodes = [Node("n0", {"zone": "z0"}), Node("n1", {"zone": "z1"})]
     [explanation] = run([claim("c", exactly("g"))], [shared], nodes=nodes)
     assert explanation.node == "n1"
 
 
 def test_missing_device_class() -> None:
-    [explanation] = run([claim("c", exactly("g", "no-such-class"))], [resource_slice("s", "n1", [device("gpu-0")])])
+    [explanation] = run(
+        [claim("c", exactly("g", "no-such-class"))], [resource_slice("s", "n1", [device("gpu-0")])]
+    )
     assert not explanation.allocatable
     assert "DeviceClass 'no-such-class' not found" in (explanation.reason or "")

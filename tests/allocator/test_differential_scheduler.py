@@ -1,13 +1,17 @@
 """Differential check: our allocator and the real kube-scheduler agree on feasible / infeasible.
 
-Hypothesis draws small inventories (1-2 nodes, up to 3 devices each, optional shared counters and taints) and a
-claim (1-2 requests, selectors, counts, constraints, firstAvailable). The same objects go to the API server: Nodes
-(no kubelet: status is patched), ResourceSlices, DeviceClasses, the ResourceClaim and a Pod that uses it. The pod
+Hypothesis draws small inventories (1-2 nodes, up to 3 devices each, optional shared counters and taints) and
+a
+claim (1-2 requests, selectors, counts, constraints, firstAvailable). The same objects go to the API server:
+Nodes
+(no kubelet: status is patched), ResourceSlices, DeviceClasses, the ResourceClaim and a Pod that uses it. The
+pod
 must be bound by the scheduler exactly when our allocator finds an allocation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,8 +33,16 @@ CLASSES = [
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": {"name": f"{PREFIX}-{kind}"},
-        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && "
-                                                      f"device.attributes['{DRIVER}'].type == '{kind}'"}}]},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": f"device.driver == '{DRIVER}' && "
+                        f"device.attributes['{DRIVER}'].type == '{kind}'"
+                    }
+                }
+            ]
+        },
     }
     for kind in ("gpu", "mig")
 ]
@@ -41,33 +53,43 @@ SELECTORS = [
 ]
 TAINT = {"key": "example.com/broken", "value": "yes", "effect": "NoSchedule"}
 
-device_spec = st.fixed_dictionaries({
-    "kind": st.sampled_from(["gpu", "mig"]),
-    "model": st.sampled_from(["a", "b"]),
-    "numa": st.integers(0, 1),
-    "memory": st.sampled_from(["10Gi", "40Gi"]),
-    "tainted": st.sampled_from([False, False, True]),
-    "counted": st.booleans(),
-})
-node_spec = st.fixed_dictionaries({
-    "devices": st.lists(device_spec, min_size=0, max_size=3),
-    "counter": st.sampled_from(["40Gi", "50Gi"]),
-})
-request_spec = st.fixed_dictionaries({
-    "kind": st.sampled_from(["gpu", "mig"]),
-    "count": st.integers(1, 2),
-    "selector": st.none() | st.sampled_from(range(len(SELECTORS))),
-    "tolerate": st.booleans(),
-    "fallback": st.none() | st.sampled_from(["gpu", "mig"]),
-})
-scenario_spec = st.fixed_dictionaries({
-    "nodes": st.lists(node_spec, min_size=1, max_size=2),
-    "requests": st.lists(request_spec, min_size=1, max_size=2),
-    "constraint": st.sampled_from([None, "match-numa", "distinct-model"]),
-})
+device_spec = st.fixed_dictionaries(
+    {
+        "kind": st.sampled_from(["gpu", "mig"]),
+        "model": st.sampled_from(["a", "b"]),
+        "numa": st.integers(0, 1),
+        "memory": st.sampled_from(["10Gi", "40Gi"]),
+        "tainted": st.sampled_from([False, False, True]),
+        "counted": st.booleans(),
+    }
+)
+node_spec = st.fixed_dictionaries(
+    {
+        "devices": st.lists(device_spec, min_size=0, max_size=3),
+        "counter": st.sampled_from(["40Gi", "50Gi"]),
+    }
+)
+request_spec = st.fixed_dictionaries(
+    {
+        "kind": st.sampled_from(["gpu", "mig"]),
+        "count": st.integers(1, 2),
+        "selector": st.none() | st.sampled_from(range(len(SELECTORS))),
+        "tolerate": st.booleans(),
+        "fallback": st.none() | st.sampled_from(["gpu", "mig"]),
+    }
+)
+scenario_spec = st.fixed_dictionaries(
+    {
+        "nodes": st.lists(node_spec, min_size=1, max_size=2),
+        "requests": st.lists(request_spec, min_size=1, max_size=2),
+        "constraint": st.sampled_from([None, "match-numa", "distinct-model"]),
+    }
+)
 
 
-def build_objects(scenario: dict[str, Any], example: str) -> tuple[list[dict[str, Any]], list[Node], dict[str, Any]]:
+def build_objects(
+    scenario: dict[str, Any], example: str
+) -> tuple[list[dict[str, Any]], list[Node], dict[str, Any]]:
     slices: list[dict[str, Any]] = []
     nodes: list[Node] = []
     for index, node in enumerate(scenario["nodes"]):
@@ -75,19 +97,31 @@ def build_objects(scenario: dict[str, Any], example: str) -> tuple[list[dict[str
         nodes.append(Node(name, {"diff-example": example}))
         devices = []
         for position, spec in enumerate(node["devices"]):
-            devices.append(device(
-                f"dev-{position}", spec["kind"], attributes={"model": spec["model"], "numa": spec["numa"]},
-                capacity={"memory": spec["memory"]},
-                consumes=[consumes("mem", memory=spec["memory"])] if spec["counted"] else (),
-                taints=[TAINT] if spec["tainted"] else (),
-            ))
+            devices.append(
+                device(
+                    f"dev-{position}",
+                    spec["kind"],
+                    attributes={"model": spec["model"], "numa": spec["numa"]},
+                    capacity={"memory": spec["memory"]},
+                    consumes=[consumes("mem", memory=spec["memory"])] if spec["counted"] else (),
+                    taints=[TAINT] if spec["tainted"] else (),
+                )
+            )
         counted = any(spec["counted"] for spec in node["devices"])
         if counted:
-            slices.append(resource_slice(f"{name}-counters", name, counters={"mem": {"memory": node["counter"]}},
-                                         count=2, driver=DRIVER))
+            slices.append(
+                resource_slice(
+                    f"{name}-counters",
+                    name,
+                    counters={"mem": {"memory": node["counter"]}},
+                    count=2,
+                    driver=DRIVER,
+                )
+            )
         if devices or not counted:
-            slices.append(resource_slice(f"{name}-devices", name, devices, count=2 if counted else 1,
-                                         driver=DRIVER))
+            slices.append(
+                resource_slice(f"{name}-devices", name, devices, count=2 if counted else 1, driver=DRIVER)
+            )
     requests = []
     for index, spec in enumerate(scenario["requests"]):
         body: dict[str, Any] = {"deviceClassName": f"{PREFIX}-{spec['kind']}", "count": spec["count"]}
@@ -105,8 +139,12 @@ def build_objects(scenario: dict[str, Any], example: str) -> tuple[list[dict[str
         devices_spec["constraints"] = [{"matchAttribute": f"{DRIVER}/numa"}]
     elif scenario["constraint"] == "distinct-model":
         devices_spec["constraints"] = [{"distinctAttribute": f"{DRIVER}/model"}]
-    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-             "metadata": {"name": f"{example}-claim", "namespace": "default"}, "spec": {"devices": devices_spec}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": f"{example}-claim", "namespace": "default"},
+        "spec": {"devices": devices_spec},
+    }
     return slices, nodes, claim
 
 
@@ -118,13 +156,22 @@ class Cluster:
         self.custom = client.CustomObjectsApi(api_client)
 
     def create_node(self, node: Node) -> None:
-        self.core.create_node({"apiVersion": "v1", "kind": "Node",
-                               "metadata": {"name": node.name, "labels": dict(node.labels)}})
+        self.core.create_node(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": dict(node.labels)}}
+        )
         capacity = {"cpu": "8", "memory": "32Gi", "pods": "110"}
-        self.core.patch_node_status(node.name, {"status": {
-            "capacity": capacity, "allocatable": capacity,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake"}],
-        }})
+        self.core.patch_node_status(
+            node.name,
+            {
+                "status": {
+                    "capacity": capacity,
+                    "allocatable": capacity,
+                    "conditions": [
+                        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "fake"}
+                    ],
+                }
+            },
+        )
 
     def create(self, plural: str, body: dict[str, Any], namespace: str | None = None) -> None:
         if namespace:
@@ -141,8 +188,10 @@ class Cluster:
             if status.spec.node_name:
                 return True
             conditions = status.status.conditions or []
-            if any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-                   for c in conditions):
+            if any(
+                c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+                for c in conditions
+            ):
                 unschedulable_since = unschedulable_since or time.monotonic()
                 if time.monotonic() - unschedulable_since > 3.0:
                     return False
@@ -153,17 +202,26 @@ class Cluster:
         from kubernetes.client.exceptions import ApiException
 
         def quietly(call: Any, *args: Any, **kwargs: Any) -> None:
-            try:
+            with contextlib.suppress(ApiException):  # already gone
                 call(*args, **kwargs)
-            except ApiException:
-                pass
 
         quietly(self.core.delete_namespaced_pod, f"{example}-pod", "default", grace_period_seconds=0)
-        quietly(self.custom.delete_namespaced_custom_object, "resource.k8s.io", "v1", "default", "resourceclaims",
-                f"{example}-claim")
+        quietly(
+            self.custom.delete_namespaced_custom_object,
+            "resource.k8s.io",
+            "v1",
+            "default",
+            "resourceclaims",
+            f"{example}-claim",
+        )
         for slice_obj in slices:
-            quietly(self.custom.delete_cluster_custom_object, "resource.k8s.io", "v1", "resourceslices",
-                    slice_obj["metadata"]["name"])
+            quietly(
+                self.custom.delete_cluster_custom_object,
+                "resource.k8s.io",
+                "v1",
+                "resourceslices",
+                slice_obj["metadata"]["name"],
+            )
         for node in nodes:
             quietly(self.core.delete_node, node.name)
 
@@ -176,16 +234,18 @@ def cluster(kube_scheduler: Any) -> Iterator[Cluster]:
         live.create("deviceclasses", device_class)
     yield live
     for device_class in CLASSES:
-        try:
-            live.custom.delete_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses",
-                                                     device_class["metadata"]["name"])
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):  # the control plane may be going away already
+            live.custom.delete_cluster_custom_object(
+                "resource.k8s.io", "v1", "deviceclasses", device_class["metadata"]["name"]
+            )
     api_client.close()
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(scenario=scenario_spec)
 def test_feasibility_agrees_with_kube_scheduler(cluster: Cluster, scenario: dict[str, Any]) -> None:
     example = f"{PREFIX}-{uuid.uuid4().hex[:6]}"
@@ -198,20 +258,31 @@ def test_feasibility_agrees_with_kube_scheduler(cluster: Cluster, scenario: dict
             cluster.create("resourceslices", slice_obj)
         cluster.create("resourceclaims", claim, "default")
         time.sleep(1.0)  # let the scheduler's informers see the slices before the pod arrives
-        cluster.core.create_namespaced_pod("default", {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{example}-pod"},
-            "spec": {
-                "nodeSelector": {"diff-example": example},
-                "resourceClaims": [{"name": "c", "resourceClaimName": claim["metadata"]["name"]}],
-                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
-                                "resources": {"claims": [{"name": "c"}]}}],
-                "terminationGracePeriodSeconds": 0,
+        cluster.core.create_namespaced_pod(
+            "default",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"{example}-pod"},
+                "spec": {
+                    "nodeSelector": {"diff-example": example},
+                    "resourceClaims": [{"name": "c", "resourceClaimName": claim["metadata"]["name"]}],
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": "c"}]},
+                        }
+                    ],
+                    "terminationGracePeriodSeconds": 0,
+                },
             },
-        })
+        )
         theirs = cluster.scheduled(f"{example}-pod")
     finally:
         cluster.cleanup(example, slices, nodes)
     assert ours.allocatable == theirs, (
-        f"allocator says {'feasible' if ours.allocatable else 'infeasible'} ({ours.reason}), kube-scheduler says "
-        f"{'feasible' if theirs else 'infeasible'}\nscenario: {scenario}\nclaim: {claim}\nslices: {slices}"
+        f"allocator says {'feasible' if ours.allocatable else 'infeasible'} ({ours.reason}), "
+        f"kube-scheduler says {'feasible' if theirs else 'infeasible'}\n"
+        f"scenario: {scenario}\nclaim: {claim}\nslices: {slices}"
     )

@@ -1,9 +1,12 @@
-"""CEL selector conformance table: expressions and the result Kubernetes (cel-go + the Kubernetes libraries) gives.
+"""CEL selector conformance table: expressions and the result Kubernetes (cel-go + the Kubernetes libraries)
+gives.
 
-Every case runs as a DRA device selector against `DEVICE` (driver gpu.nvidia.com). Expected values come from the
+Every case runs as a DRA device selector against `DEVICE` (driver gpu.nvidia.com). Expected values come from
+the
 cel-go specification and the Kubernetes library documentation and tests (`k8s.io/apiserver/pkg/cel/library`,
 `k8s.io/dynamic-resource-allocation/cel`): `True`/`False` for the selector result, `Runtime("...")` for an
-evaluation error (which aborts allocation of the claim on the node), `Compile("...")` for an expression the API
+evaluation error (which aborts allocation of the claim on the node), `Compile("...")` for an expression the
+API
 server rejects. The string is a fragment of the message.
 """
 
@@ -203,8 +206,10 @@ CASES: list[tuple[str, Any]] = [
     ("quantity('1500m').isInteger()", False),
     ("quantity('50').isInteger()", True),
     ("quantity('9999999999999999999999999999999999999G').isInteger()", False),
-    ("quantity('9999999999999999999999999999999999999G').asInteger() == 0",
-     Runtime("cannot convert value to integer")),
+    (
+        "quantity('9999999999999999999999999999999999999G').asInteger() == 0",
+        Runtime("cannot convert value to integer"),
+    ),
     ("isQuantity('20Mi')", True),
     ("isQuantity('200K')", False),
     ("isQuantity('10Mm')", False),

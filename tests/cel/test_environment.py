@@ -40,8 +40,11 @@ def test_version_attribute_that_does_not_parse_is_a_runtime_error() -> None:
 def test_device_value_splits_domains() -> None:
     device = device_value(
         "gpu.nvidia.com",
-        {"name": "d", "attributes": {"type": {"string": "gpu"}, "example.com/x": {"int": 3}},
-         "capacity": {"memory": {"value": "1Gi"}}},
+        {
+            "name": "d",
+            "attributes": {"type": {"string": "gpu"}, "example.com/x": {"int": 3}},
+            "capacity": {"memory": {"value": "1Gi"}},
+        },
     )
     assert device.attributes["gpu.nvidia.com"] == {"type": "gpu"}
     assert device.attributes["example.com"] == {"x": 3}
@@ -50,7 +53,8 @@ def test_device_value_splits_domains() -> None:
 
 def test_paths_read_by_a_selector() -> None:
     selector = compile_selector(
-        "device.driver == 'gpu.nvidia.com' && cel.bind(a, device.attributes['gpu.nvidia.com'], a.type == 'gpu')"
+        "device.driver == 'gpu.nvidia.com' && "
+        "cel.bind(a, device.attributes['gpu.nvidia.com'], a.type == 'gpu')"
     )
     assert selector.paths == {("driver",), ("attributes", "gpu.nvidia.com", "type")}
     whole = compile_selector("device.attributes['gpu.nvidia.com'].exists(k, k == 'uuid')")
@@ -59,7 +63,9 @@ def test_paths_read_by_a_selector() -> None:
 
 def test_raw_path_value_accepts_qualified_driver_attributes() -> None:
     data = {"attributes": {"gpu.nvidia.com/type": {"string": "gpu"}}}
-    assert raw_path_value("gpu.nvidia.com", data, ("attributes", "gpu.nvidia.com", "type")) == (("string", "gpu"),)
+    assert raw_path_value("gpu.nvidia.com", data, ("attributes", "gpu.nvidia.com", "type")) == (
+        ("string", "gpu"),
+    )
 
 
 def test_cost_limit_is_configurable_and_not_absorbed_by_or() -> None:
@@ -77,14 +83,25 @@ def test_general_expressions_return_any_type() -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("40Gi", 40 * 2**30), ("1500m", Decimal("1.5")), ("2e3", 2000), ("1E", 10**18), (".5", Decimal("0.5")),
-     ("-1k", -1000), ("+3", 3), ("1n", Decimal("1e-9")), ("0.0000000001", Decimal("1e-9"))],
+    [
+        ("40Gi", 40 * 2**30),
+        ("1500m", Decimal("1.5")),
+        ("2e3", 2000),
+        ("1E", 10**18),
+        (".5", Decimal("0.5")),
+        ("-1k", -1000),
+        ("+3", 3),
+        ("1n", Decimal("1e-9")),
+        ("0.0000000001", Decimal("1e-9")),
+    ],
 )
 def test_quantity_values(text: str, value: Decimal | int) -> None:
     assert parse_quantity_strict(text) == value
 
 
-@pytest.mark.parametrize("text", ["200K", "1_000", "NaN", "Infinity", " 1", "1 ", "Mi", "", "1.2.3", "10Mo", "0x10"])
+@pytest.mark.parametrize(
+    "text", ["200K", "1_000", "NaN", "Infinity", " 1", "1 ", "Mi", "", "1.2.3", "10Mo", "0x10"]
+)
 def test_quantity_rejects_what_kubernetes_rejects(text: str) -> None:
     with pytest.raises(QuantityError):
         parse_quantity_strict(text)
@@ -99,7 +116,17 @@ def test_semver_is_strict(text: str) -> None:
 
 
 def test_semver_ordering_follows_semver_2() -> None:
-    ordered = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2", "1.0.0-beta.11",
-               "1.0.0-rc.1", "1.0.0", "2.0.0", "10.0.0"]
+    ordered = [
+        "1.0.0-alpha",
+        "1.0.0-alpha.1",
+        "1.0.0-alpha.beta",
+        "1.0.0-beta",
+        "1.0.0-beta.2",
+        "1.0.0-beta.11",
+        "1.0.0-rc.1",
+        "1.0.0",
+        "2.0.0",
+        "10.0.0",
+    ]
     versions = [Semver.parse(v) for v in ordered]
     assert sorted(reversed(versions)) == versions

@@ -9,6 +9,8 @@ from types import ModuleType
 import pytest
 
 from tests.support.control_plane import (
+    ControlPlane,
+    ControlPlaneError,
     Pki,
     feature_gate_flag,
     parse_feature_gates_help,
@@ -85,3 +87,10 @@ def test_pki_issues_a_server_certificate_the_ca_verifies(tmp_path: Path) -> None
     assert "TLS Web Server Authentication" in text
     # Issuing again reuses the files rather than minting a new key.
     assert pki.issue("srv", "kube-apiserver").key.read_bytes() == pair.key.read_bytes()
+
+
+def test_missing_binaries_name_the_build_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRA_GPU_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ControlPlaneError, match=r"e2e/cluster/build\.sh control-plane"):
+        ControlPlane()
+    assert not (tmp_path / "empty-cache").exists()

@@ -51,8 +51,9 @@ spec:
 
 
 def dra_gpu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dra_gpu.cli.main", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dra_gpu.cli.main", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def write(path: Path, docs: list[dict[str, Any]]) -> Path:
@@ -63,20 +64,33 @@ def write(path: Path, docs: list[dict[str, Any]]) -> Path:
 def slices_file(tmp_path: Path) -> Path:
     counters = {"gpu-0-counter-set": {"memory": "40Gi", "memory-slice-0": "1", "memory-slice-1": "1"}}
     devices = [
-        device("gpu-0", capacity={"memory": "40Gi"}, consumes=[consumes("gpu-0-counter-set", memory="40Gi",
-                                                                        memory_slice_0="1", memory_slice_1="1")]),
-        device("gpu-0-mig-0", "mig", capacity={"memory": "20Gi"},
-               consumes=[consumes("gpu-0-counter-set", memory="20Gi", memory_slice_0="1")]),
+        device(
+            "gpu-0",
+            capacity={"memory": "40Gi"},
+            consumes=[consumes("gpu-0-counter-set", memory="40Gi", memory_slice_0="1", memory_slice_1="1")],
+        ),
+        device(
+            "gpu-0-mig-0",
+            "mig",
+            capacity={"memory": "20Gi"},
+            consumes=[consumes("gpu-0-counter-set", memory="20Gi", memory_slice_0="1")],
+        ),
         device("gpu-1", capacity={"memory": "80Gi"}),
     ]
-    return write(tmp_path / "slices.yaml", [resource_slice("n1-0", "n1", counters=counters, count=2),
-                                            resource_slice("n1-1", "n1", devices, count=2)])
+    return write(
+        tmp_path / "slices.yaml",
+        [
+            resource_slice("n1-0", "n1", counters=counters, count=2),
+            resource_slice("n1-1", "n1", devices, count=2),
+        ],
+    )
 
 
 def test_pod_with_claim_and_template_json(tmp_path: Path) -> None:
     (tmp_path / "claims.yaml").write_text(CLAIMS)
-    done = dra_gpu("explain", "-f", str(tmp_path / "claims.yaml"), "--slices", str(slices_file(tmp_path)),
-                   "-o", "json")
+    done = dra_gpu(
+        "explain", "-f", str(tmp_path / "claims.yaml"), "--slices", str(slices_file(tmp_path)), "-o", "json"
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     by_name = {c["name"]: c for c in report["claims"]}
@@ -126,8 +140,9 @@ def test_not_yaml_is_bad_input(tmp_path: Path) -> None:
 
 def test_hardware_profile_inventory(tmp_path: Path) -> None:
     write(tmp_path / "c.yaml", [claim("eight", exactly("gpu", count=8))])
-    done = dra_gpu("explain", "-f", str(tmp_path / "c.yaml"), "--hardware", "dgx-a100", "--nodes", "3",
-                   "-o", "json")
+    done = dra_gpu(
+        "explain", "-f", str(tmp_path / "c.yaml"), "--hardware", "dgx-a100", "--nodes", "3", "-o", "json"
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     [entry] = report["claims"]

@@ -49,8 +49,12 @@ spec:
 
 
 def lint(*paths: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "dra_gpu.cli.main", "lint", *map(str, paths)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dra_gpu.cli.main", "lint", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def claim_with(expression: str) -> str:
@@ -144,8 +148,12 @@ spec:
 ---
 just: data
 """)
-    done = subprocess.run([sys.executable, "-m", "dra_gpu.cli.main", "lint", "-o", "json", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "dra_gpu.cli.main", "lint", "-o", "json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1
     findings = json.loads(done.stdout)["findings"]
     messages = "\n".join(f"{f['line']} {f['message']} {f['hint']}" for f in findings)

@@ -192,26 +192,33 @@ class ClaimFactory:
         self.node_name = node_name
         self._namespaces: set[str] = set()
 
-    def namespace(self, name: str) -> str:
+    def namespace(self, name: str, labels: Mapping[str, str] | None = None) -> str:
         from kubernetes.client.exceptions import ApiException
 
         if name not in self._namespaces:
+            meta = {"name": name, "labels": dict(labels or {})}
             try:
-                self.core.create_namespace(
-                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
-                )
+                self.core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": meta})
             except ApiException as exc:
                 if exc.status != 409:
                     raise
             self._namespaces.add(name)
         return name
 
-    def create(self, namespace: str, requests: Sequence[str], *, name: str | None = None) -> tuple[str, str]:
+    def create(
+        self, namespace: str, requests: Sequence[str], *, name: str | None = None, admin_access: bool = False
+    ) -> tuple[str, str]:
         """A claim with one request per name, class gpu.nvidia.com; "req/sub" makes request `req` a
         firstAvailable list with subrequest `sub`. Returns (name, uid)."""
         self.namespace(namespace)
         name = name or f"claim-{uuid.uuid4().hex[:10]}"
-        exact = {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 1}
+        exact: dict[str, Any] = {
+            "deviceClassName": "gpu.nvidia.com",
+            "allocationMode": "ExactCount",
+            "count": 1,
+        }
+        if admin_access:
+            exact["adminAccess"] = True
         subrequests: dict[str, list[str]] = {}
         for r in requests:
             parent, _, sub = r.partition("/")

@@ -8,9 +8,11 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
 from dra_gpu.cdi.spec_validation import validate_spec
+from dra_gpu.plugin.protos import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
 from tests.plugin.kubelet_client import ClaimId, KubeletClient, devices_of
 from tests.plugin.plugin_harness import (
     ClaimFactory,
@@ -52,6 +54,13 @@ def test_registration_handshake_and_sockets(kubelet: KubeletClient, node: SimNod
     assert node.registrar_dir.stat().st_mode & 0o777 == 0o750
     empty = kubelet.prepare([])  # the no-op call the liveness probe makes
     assert len(empty.claims) == 0
+    with grpc.insecure_channel(f"unix://{node.registration_socket}") as channel:
+        stub = pluginregistration_v1_pb2_grpc.RegistrationStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.NotifyRegistrationStatus(
+                pluginregistration_v1_pb2.RegistrationStatus(plugin_registered=False, error="kubelet says no")
+            )
+    assert "kubelet says no" in str(refused.value.details())
 
 
 def test_health_stream_lists_every_device(kubelet: KubeletClient, node: SimNode) -> None:
@@ -325,10 +334,24 @@ def test_share_id_is_echoed_in_v1_only(
     kubelet = KubeletClient(node.registration_socket, force_service=service)
     share = str(uuidlib.uuid4())
     other_share = str(uuidlib.uuid4())
-    first = claim_id("share", claims.make("share", [Result("gpu", "gpu-2-shared", share_id=share,
-                                                           consumed={"memory": "4Gi", "compute": "20"})]))
-    second = claim_id("share", claims.make("share", [Result("gpu", "gpu-2-shared", share_id=other_share,
-                                                            consumed={"memory": "8Gi", "compute": "30"})]))
+    first = claim_id(
+        "share",
+        claims.make(
+            "share",
+            [Result("gpu", "gpu-2-shared", share_id=share, consumed={"memory": "4Gi", "compute": "20"})],
+        ),
+    )
+    second = claim_id(
+        "share",
+        claims.make(
+            "share",
+            [
+                Result(
+                    "gpu", "gpu-2-shared", share_id=other_share, consumed={"memory": "8Gi", "compute": "30"}
+                )
+            ],
+        ),
+    )
     answer = kubelet.prepare([first, second])
     for claim, share_id in ((first, share), (second, other_share)):
         assert answer.claims[claim.uid].error == "", answer.claims[claim.uid].error
@@ -341,3 +364,22 @@ def test_share_id_is_echoed_in_v1_only(
     assert kubelet.unprepare([first, second]).claims[first.uid].error == ""
     assert node.checkpoint()["claims"] == {}
     kubelet.close()
+
+
+def test_admin_access_may_share_a_prepared_device(
+    kubelet: KubeletClient, node: SimNode, claims: ClaimFactory
+) -> None:
+    user = claim_id("users", claims.make("users", [Result("gpu", "gpu-4")], [opaque(time_slicing("Short"))]))
+    claims.namespace("monitoring", {"resource.kubernetes.io/admin-access": "true"})
+    name, uid = claims.create("monitoring", ["watch"], admin_access=True)
+    claims.allocate(
+        "monitoring", name, [Result("watch", "gpu-4", admin_access=True)], [opaque(time_slicing("Long"))]
+    )
+    admin = ClaimId("monitoring", uid, name)
+    answer = kubelet.prepare([user, admin])
+    assert answer.claims[user.uid].error == "" and answer.claims[admin.uid].error == ""
+    assert list(node.timeslices().values()) == [1]  # the admin claim's config does not reconfigure the GPU
+    kubelet.unprepare([admin])
+    assert list(node.timeslices().values()) == [1]
+    kubelet.unprepare([user])
+    assert node.checkpoint()["claims"] == {}

@@ -124,3 +124,70 @@ def test_unknown_config_object_is_refused() -> None:
 def test_device_on_a_missing_gpu_is_refused() -> None:
     with pytest.raises(SharingError, match="not present on this node"):
         build_plan(config(strategy="MPS"), [gpu_device(V100)], {})
+
+
+# ---- property: any mix of devices and configs either plans or says why, never crashes -------------------------
+
+from collections.abc import Iterator  # noqa: E402
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from sim_node import SimNode  # noqa: E402
+
+from dra_gpu.inventory.model import DeviceModel  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dgx() -> Iterator[tuple[DeviceModel, dict[str, GpuInfo]]]:
+    node = SimNode("dgx-h100")
+    try:
+        discovery = node.hardware.discover()
+        yield node.model(), {g.uuid: g for g in discovery.gpus}
+    finally:
+        node.cleanup()
+
+
+CONFIGS = [
+    None,
+    {"kind": "GpuConfig"},
+    {"kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}},
+    {"kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 30}}},
+    {"kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}},
+    {
+        "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1Gi"}},
+    },
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_any_combination_plans_or_refuses_clearly(
+    dgx: tuple[DeviceModel, dict[str, GpuInfo]], data: st.DataObject
+) -> None:
+    model, gpus = dgx
+    chosen = data.draw(
+        st.lists(st.sampled_from(model.devices), min_size=1, max_size=4, unique_by=lambda d: d.name)
+    )
+    raw = data.draw(st.sampled_from(CONFIGS))
+    cfg = decode_opaque_config({"apiVersion": "resource.nvidia.com/v1beta1", **raw}) if raw else None
+    allocs = [
+        AllocatedDevice(
+            request=f"r{i}",
+            pool="p",
+            device=d,
+            share_id="s" if d.kind is DeviceKind.GPU_SHARE else None,
+            consumed_capacity={"compute": "10", "memory": "1Gi"} if d.kind is DeviceKind.GPU_SHARE else {},
+        )
+        for i, d in enumerate(chosen)
+    ]
+    try:
+        plan = build_plan(cfg, allocs, gpus)
+    except SharingError as err:
+        assert any(d.name in str(err) for d in chosen) or "shares of one GPU" in str(err)
+        return
+    assert {d.device.name for d in plan.create_mig} == {
+        d.name for d in chosen if d.kind is DeviceKind.MIG_DYNAMIC
+    }
+    if plan.shares is not None:
+        assert all(d.kind is DeviceKind.GPU_SHARE for d in chosen)

@@ -48,3 +48,28 @@ def test_state_is_json_and_edits_can_be_rebuilt(node: SimNode) -> None:
     assert edits_from_state(state) == result.edits
     manager.unprepare_group("claim-1", state)
     assert node.leftovers() == []
+
+
+def test_start_up_stops_daemons_no_checkpoint_owns(node: SimNode) -> None:
+    from dra_gpu.hardware.types import ComputeMode
+
+    config = decode_opaque_config(
+        {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    )
+    manager = node.manager()
+    kept = manager.prepare_group("kept", config, [node.alloc("gpu-0")])
+    lost = manager.prepare_group(
+        "lost",
+        None,
+        [node.alloc("gpu-0-shared", share_id="s", consumed_capacity={"compute": "5", "memory": "1Gi"})],
+    )
+    # An orphan: the plugin crashed before checkpointing this group.
+    node.hardware.set_compute_mode(node.uuid(), ComputeMode.DEFAULT)
+    orphan = manager.prepare_group("orphan", config, [node.alloc("gpu-0")])
+    restarted = node.manager()
+    stopped = restarted.stop_unowned_mps([kept.state, lost.state])
+    assert stopped == [orphan.state["mpsDaemon"]["id"]]
+    assert len(node.running_daemons()) == 2  # kept's and the shared one
+    restarted.unprepare_group("kept", kept.state)
+    restarted.unprepare_group("lost", lost.state)
+    assert node.leftovers() == []

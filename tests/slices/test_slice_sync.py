@@ -13,10 +13,23 @@ from dra_gpu.slices.slice_sync import comparable, plan_sync
 
 def _gpu(minor: int) -> GpuInfo:
     return GpuInfo(
-        index=minor, minor=minor, uuid=f"GPU-{minor:08d}-0000-4000-8000-000000000000", product_name="Tesla T4",
-        brand="Tesla", architecture="Turing", cuda_compute_capability=(7, 5), memory_bytes=16 * 2**30,
-        multiprocessors=40, pci_bus_id=f"0000:{minor + 1:02x}:00.0", pcie_root="pci0000:00", numa_node=0,
-        interconnect=None, mig_capable=False, mig_enabled=False, mig_pending=False, mig_toggle_without_reset=False,
+        index=minor,
+        minor=minor,
+        uuid=f"GPU-{minor:08d}-0000-4000-8000-000000000000",
+        product_name="Tesla T4",
+        brand="Tesla",
+        architecture="Turing",
+        cuda_compute_capability=(7, 5),
+        memory_bytes=16 * 2**30,
+        multiprocessors=40,
+        pci_bus_id=f"0000:{minor + 1:02x}:00.0",
+        pcie_root="pci0000:00",
+        numa_node=0,
+        interconnect=None,
+        mig_capable=False,
+        mig_enabled=False,
+        mig_pending=False,
+        mig_toggle_without_reset=False,
         compute_mode=ComputeMode.DEFAULT,
     )
 
@@ -62,8 +75,12 @@ def test_one_edited_slice_is_updated_in_place() -> None:
     plan = plan_sync(existing, "n1", _desired(2), last_generation=4)
     assert plan.generation == 4 and not plan.creates and not plan.deletes
     assert [u["metadata"] for u in plan.updates] == [
-        {"name": "n1-gpu.nvidia.com-2", "resourceVersion": "102",
-         "ownerReferences": existing[2]["metadata"]["ownerReferences"]}]
+        {
+            "name": "n1-gpu.nvidia.com-2",
+            "resourceVersion": "102",
+            "ownerReferences": existing[2]["metadata"]["ownerReferences"],
+        }
+    ]
 
 
 def test_deleted_slice_is_recreated_without_new_generation() -> None:
@@ -86,7 +103,8 @@ def test_model_change_bumps_generation_and_deletes_obsolete_first() -> None:
     assert [d.name for d in plan.deletes] == ["n1-gpu.nvidia.com-2", "n1-gpu.nvidia.com-3"]
     assert plan.deletes[0].uid == "u2" and plan.deletes[0].resource_version == "102"
     assert [u["spec"]["pool"] for u in plan.updates] == [
-        {"name": "n1", "generation": 3, "resourceSliceCount": 2}] * 2
+        {"name": "n1", "generation": 3, "resourceSliceCount": 2}
+    ] * 2
 
 
 def test_foreign_and_stale_slices_are_obsolete() -> None:
@@ -111,6 +129,11 @@ def test_equivalent_forms_are_not_rewritten() -> None:
     for have, want in zip(existing, _desired(1)(1), strict=True):
         forms[have["metadata"]["name"]] = (comparable(want), comparable(have))
     assert not plan_sync(existing, "n1", _desired(1), last_generation=1).empty
-    same = plan_sync(existing, "n1", _desired(1), last_generation=1,
-                     equivalent=lambda name, have, want: forms.get(name) == (want, have))
+    same = plan_sync(
+        existing,
+        "n1",
+        _desired(1),
+        last_generation=1,
+        equivalent=lambda name, have, want: forms.get(name) == (want, have),
+    )
     assert same.empty

@@ -356,13 +356,14 @@ class ControlPlane:
 
     def __init__(self, workdir: Path | None = None, options: ControlPlaneOptions | None = None) -> None:
         self.options = options or ControlPlaneOptions()
+        self.versions = read_versions()
+        # Look for the binaries first: a missing build should fail before anything is created on disk.
+        self.etcd_bin = find_binary("etcd")
+        self.apiserver_bin = find_binary("kube-apiserver")
         self._owns_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="kcp-", dir="/tmp"))
         self.logs_dir = self.workdir / "logs"
         self.processes: list[ManagedProcess] = []
-        self.versions = read_versions()
-        self.etcd_bin = find_binary("etcd")
-        self.apiserver_bin = find_binary("kube-apiserver")
         self.pki = Pki(self.workdir / "pki")
         self.port = self.options.apiserver_port or free_port()
         self.url = f"https://{self.options.bind_address}:{self.port}"
@@ -437,6 +438,10 @@ class ControlPlane:
             organization="system:masters",
             client=True,
         )
+        # Aggregation / request-header auth: without it the scheduler and controller manager log an error
+        # every few seconds about the missing requestheader CA. One CA is fine for a throw-away test cluster;
+        # allowed-names still limits who may assert identities.
+        front_proxy = self.pki.issue("front-proxy-client", "front-proxy-client", client=True)
         sa = self.pki.service_account_keys()
         args = [
             str(self.apiserver_bin),
@@ -459,6 +464,13 @@ class ControlPlane:
             "--allow-privileged=true",
             "--profiling=false",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--requestheader-client-ca-file={self.pki.ca.cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={front_proxy.cert}",
+            f"--proxy-client-key-file={front_proxy.key}",
             f"--runtime-config={self.runtime_config()}",
         ]
         gates = self.feature_gates_for(self.apiserver_bin)

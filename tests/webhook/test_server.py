@@ -301,3 +301,17 @@ def test_cli_reports_missing_certificate(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "none.crt" in result.stderr
+
+
+def test_legacy_api_version_is_admitted_with_a_warning(webhook: RunningWebhook) -> None:
+    legacy = {
+        "apiVersion": "gpu.nvidia.com/v1alpha1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"timeSlice": "Long"}},
+    }
+    response = webhook.review(claim([opaque(gpu_config(strategy="MPS")), opaque(legacy)]))
+    assert response["allowed"] is True
+    assert len(response["warnings"]) == 1
+    assert response["warnings"][0].startswith(
+        "spec.devices.config[1].opaque.parameters: apiVersion gpu.nvidia.com"
+    )

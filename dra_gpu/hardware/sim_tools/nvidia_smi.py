@@ -1,6 +1,7 @@
 """A fake `nvidia-smi` for simulated driver roots (`DRA_GPU_SIM_ROOT`), backed by the NVML simulator.
 
-Supported: `-L`, `-q [-i X]`, `-i X -c MODE`, `compute-policy -i X --set-timeslice N`, `mig -lgip|-lgipp|-lgi
+Supported: `-L`, `-q [-x] [-i X]`, `-i X -c MODE`, `compute-policy -i X --set-timeslice N`, `mig
+-lgip|-lgipp|-lgi
 [-i X]`, `-i X -mig 0|1`, `-i X -r` (reset: applies a pending MIG mode). `X` is an index, a UUID or a PCI bus
 id,
 comma-separated lists allowed. Output follows the real tool's layout closely enough for the driver and for
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from typing import Any
 
@@ -146,6 +148,46 @@ class Smi:
             ]
         return "\n".join(out)
 
+    def query_xml(self, selected: list[profiles.SimulatedGpu]) -> str:
+        """`nvidia-smi -q -x`: the fields of the real XML log that the driver's discovery can be compared
+        with."""
+        layout = self.state.layout()
+        cuda = layout.cuda_driver_version
+        root = ET.Element("nvidia_smi_log")
+        ET.SubElement(root, "driver_version").text = layout.driver_version
+        ET.SubElement(root, "cuda_version").text = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+        ET.SubElement(root, "attached_gpus").text = str(len(self.gpus))
+        for gpu in selected:
+            gstate = self.state.gpus[gpu.index]
+            profile = gpu.profile
+            node = ET.SubElement(root, "gpu", id=gpu.pci_bus_id)
+            ET.SubElement(node, "product_name").text = profile.product_name
+            brand = {profiles.BRAND_TESLA: "Tesla", profiles.BRAND_NVIDIA: "NVIDIA"}.get(
+                profile.brand, "Unknown"
+            )
+            ET.SubElement(node, "product_brand").text = brand
+            arch = profiles.ARCHITECTURE_NAMES.get(profile.architecture, "Unknown")
+            ET.SubElement(node, "product_architecture").text = arch
+            mig = ET.SubElement(node, "mig_mode")
+            if profile.mig_capable:
+                ET.SubElement(mig, "current_mig").text = "Enabled" if gstate.mig_current else "Disabled"
+                ET.SubElement(mig, "pending_mig").text = "Enabled" if gstate.mig_pending else "Disabled"
+            else:
+                ET.SubElement(mig, "current_mig").text = "N/A"
+                ET.SubElement(mig, "pending_mig").text = "N/A"
+            ET.SubElement(node, "uuid").text = gpu.uuid
+            ET.SubElement(node, "minor_number").text = str(gpu.minor)
+            pci = ET.SubElement(node, "pci")
+            ET.SubElement(pci, "pci_bus").text = f"{gpu.slot.pci_bus:02X}"
+            ET.SubElement(pci, "pci_bus_id").text = gpu.pci_bus_id
+            ET.SubElement(pci, "pci_device_id").text = f"{profile.pci_device_id:08X}"
+            memory = ET.SubElement(node, "fb_memory_usage")
+            ET.SubElement(memory, "total").text = f"{profile.memory_mib} MiB"
+            ET.SubElement(node, "compute_mode").text = _COMPUTE_MODE_NAMES[gstate.compute_mode]
+            numa = "N/A" if gpu.slot.numa_node is None else str(gpu.slot.numa_node)
+            ET.SubElement(node, "numa_node").text = numa
+        return '<?xml version="1.0" ?>\n' + ET.tostring(root, encoding="unicode")
+
     def mig_list_profiles(self, selected: list[profiles.SimulatedGpu], placements: bool) -> str:
         rows: list[str] = []
         for gpu in selected:
@@ -267,6 +309,8 @@ def run(argv: Sequence[str], nvml: SimulatedNvml) -> tuple[int, str]:
     if _flag(args, "-r", "--gpu-reset"):
         return 0, smi.reset(target)
     if _flag(args, "-q", "--query"):
+        if _flag(args, "-x", "--xml-format"):
+            return 0, smi.query_xml(target)
         return 0, smi.query(target)
     if not args:
         return 0, smi.list_gpus()

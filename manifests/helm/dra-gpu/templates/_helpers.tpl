@@ -71,15 +71,27 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
+{{/* The host driver root: the value, or by default "/" for real GPUs and a dedicated directory when simulated. */}}
+{{- define "dra-gpu.driverRoot" -}}
+{{- if .Values.nvidiaDriverRoot -}}
+{{- clean .Values.nvidiaDriverRoot -}}
+{{- else if eq .Values.hardware "real" -}}
+/
+{{- else -}}
+/var/lib/dra-gpu/sim-root
+{{- end -}}
+{{- end -}}
+
 {{/*
 Inside the plugin container the host driver root is mounted at the same path, so that the paths the plugin
 writes into CDI specs are valid on the host; the host root "/" cannot be mounted over the container's root,
 so it goes to /driver-root.
 */}}
 {{- define "dra-gpu.driverRootMountPath" -}}
-{{- if eq (clean .Values.nvidiaDriverRoot) "/" -}}
+{{- $root := include "dra-gpu.driverRoot" . -}}
+{{- if eq $root "/" -}}
 /driver-root
 {{- else -}}
-{{- clean .Values.nvidiaDriverRoot -}}
+{{- $root -}}
 {{- end -}}
 {{- end -}}
