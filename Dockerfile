@@ -33,14 +33,11 @@ LABEL org.opencontainers.image.title="dra-gpu" \
       org.opencontainers.image.description="Kubernetes DRA driver for NVIDIA GPUs (gpu.nvidia.com): kubelet plugin and admission webhook" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.source="https://github.com/dra-gpu/dra-gpu"
-# util-linux: mount/umount for the MPS shared-memory tmpfs. No NVIDIA libraries are baked in: the plugin uses
-# the driver installed on the node (mounted from nvidiaDriverRoot), so one image serves every driver version.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends util-linux \
- && rm -rf /var/lib/apt/lists/* \
- && groupadd --system --gid 65532 dra-gpu \
+      org.opencontainers.image.licenses="Apache-2.0"
+# No packages are added: `mount` (for the MPS shared-memory tmpfs) is part of the Debian base, and no NVIDIA
+# libraries are baked in: the plugin uses the driver installed on the node (mounted from nvidiaDriverRoot), so
+# one image serves every driver version.
+RUN groupadd --system --gid 65532 dra-gpu \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin dra-gpu
 COPY --from=build /opt/dra-gpu /opt/dra-gpu
 ENV PATH=/opt/dra-gpu/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1

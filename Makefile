@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 export DRA_GPU_CACHE ?= $(HOME)/.cache/dra-gpu
 
+PHONY_EXTRA := lock
 .PHONY: help venv test unit lint typecheck protos verify-protos e2e e2e-kind bench cluster-up cluster-down \
         cluster-build demo demo-down image helm-lint manifests schemas clean
 
@@ -70,9 +71,12 @@ bench: venv
 	$(BIN)/python -m bench.run
 
 image:
-	e2e/cluster/build.sh image
+	manifests/image/build.sh
 
-helm-lint: 
+lock: venv
+	manifests/image/lock.sh
+
+helm-lint:
 	e2e/cluster/build.sh helm
 	manifests/render.sh --check
 

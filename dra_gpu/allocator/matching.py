@@ -43,11 +43,23 @@ class SelectorSet:
         self.value_paths = all(len(p) == 3 or p == ("driver",) for p in self.paths)
         self.getters = [(p[0], p[1], p[2], f"{p[1]}/{p[2]}") for p in self.paths if len(p) == 3]
         self.cache: dict[tuple[Any, ...], Verdict] = {}
+        # Device entries shared between nodes (replicated inventories) are recognised by identity; the entry is
+        # kept with the verdict so that its id cannot be reused by another object.
+        self.by_identity: dict[int, tuple[Mapping[str, Any], str, Verdict]] = {}
         self.evaluations = 0
 
     def verdict(self, candidate: Candidate) -> Verdict:
         if not self.entries:
             return None
+        data = candidate.data
+        known = self.by_identity.get(id(data))
+        if known is not None and known[0] is data and known[1] == candidate.driver:
+            return known[2]
+        verdict = self._verdict_by_content(candidate)
+        self.by_identity[id(data)] = (data, candidate.driver, verdict)
+        return verdict
+
+    def _verdict_by_content(self, candidate: Candidate) -> Verdict:
         data = candidate.data
         driver = candidate.driver
         if self.whole_device:

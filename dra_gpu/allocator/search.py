@@ -77,7 +77,12 @@ class RequestReport:
     name: str
     eligible: list[Candidate] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
-    abort: str | None = None  # a CEL runtime error: the scheduler gives up on the node
+    abort: str | None = None  # the request cannot be handled on this node at all (unknown DeviceClass)
+    # The devices in the order the scheduler walks them, with errors where it would hit them: a string entry is
+    # a CEL runtime error or an invalid pool, which make the scheduler give up on the node when reached.
+    sequence: list[Candidate | str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the string entries, for allocationMode All
+    all_failures: list[str] = field(default_factory=list)  # why allocationMode All cannot get every device
 
 
 @dataclass
@@ -122,8 +127,7 @@ class NodeAllocator:
         self.constraint_values: dict[tuple[int, int], list[Any]] = {}
         self._charged: list[bool] = []
 
-    # --------------------------------------------------------------------------------------------------
-    # ----------
+    # ------------------------------------------------------------------------------------------------------
     def _init_counters(self) -> None:
         for pool in self.pools:
             for candidate in pool.candidates:
@@ -144,8 +148,7 @@ class NodeAllocator:
                     if counter in available:
                         available[counter] = max(Decimal(0), available[counter] - amount)
 
-    # --------------------------------------------------------------------------------------------------
-    # ----------
+    # ------------------------------------------------------------------------------------------------------
     def report_for(self, claim_index: int, request: DeviceRequestSpec) -> RequestReport:
         key = f"{claim_index}:{request.name}"
         report = self.reports.get(key)
@@ -164,54 +167,72 @@ class NodeAllocator:
         existing = self.existing
         check_existing = bool(existing.exclusive or existing.shared) and not request.admin_access
         check_capacity = bool(request.capacity_requests)
+        all_mode = request.all_devices
         rejected = report.rejected
         eligible = report.eligible
+        sequence = report.sequence
         verdict_of = selectors.verdict
         for pool in self.pools:
-            pool_problem = None
-            if pool.incomplete:
-                pool_problem = (
+            if pool.invalid_reason:
+                problem = f"pool {pool.name} is invalid: {pool.invalid_reason}"
+                sequence.append(problem)
+                report.errors.append(problem)
+                rejected.extend(Rejection(c.label, problem, "pool") for c in pool.candidates)
+                continue
+            if pool.incomplete and all_mode:
+                # ExactCount still uses the slices that are there; "All" cannot know every device.
+                report.errors.append(
                     f"pool {pool.name} is incomplete ({len(pool.slices)} of {pool.slice_count} slices)"
                 )
-            elif pool.invalid_reason:
-                pool_problem = f"pool {pool.name} is invalid: {pool.invalid_reason}"
             for candidate in pool.candidates:
+                in_use = check_existing and (
+                    candidate.id in existing.exclusive
+                    or (candidate.id in existing.shared and not candidate.allow_multiple)
+                )
+                if in_use and not all_mode:
+                    # The scheduler checks "in use" before the selectors (and so never sees their errors).
+                    holder = existing.holders.get(candidate.id)
+                    rejected.append(
+                        Rejection(candidate.label, f"already allocated to claim {holder}", "allocated")
+                    )
+                    continue
                 verdict = verdict_of(candidate)
                 if verdict is not None:
                     kind, reason = verdict
                     rejected.append(Rejection(candidate.label, reason, kind))
-                    if kind == "cel-error" and report.abort is None:
-                        report.abort = f"{reason} on device {candidate.label}"
+                    if kind == "cel-error":
+                        error = f"{reason} on device {candidate.label}"
+                        sequence.append(error)
+                        report.errors.append(error)
                     continue
-                if pool_problem is not None:
-                    rejected.append(Rejection(candidate.label, pool_problem, "pool"))
+                if in_use:
+                    holder = existing.holders.get(candidate.id)
+                    rejected.append(
+                        Rejection(candidate.label, f"already allocated to claim {holder}", "allocated")
+                    )
+                    report.all_failures.append(
+                        f"matching device {candidate.label} is allocated to claim {holder}"
+                    )
                     continue
                 data = candidate.data
                 if "taints" in data:
                     problem = untolerated_taint(candidate, request.tolerations)
                     if problem is not None:
                         rejected.append(Rejection(candidate.label, problem, "taint"))
-                        continue
-                if check_existing:
-                    holder = existing.holders.get(candidate.id)
-                    if candidate.id in existing.exclusive or (
-                        candidate.id in existing.shared and not candidate.allow_multiple
-                    ):
-                        rejected.append(
-                            Rejection(candidate.label, f"already allocated to claim {holder}", "allocated")
-                        )
+                        report.all_failures.append(f"matching device {candidate.label}: {problem}")
                         continue
                 if check_capacity or data.get("allowMultipleAllocations"):
                     _, problem = capacity_share(candidate, request)
                     if problem is not None:
                         rejected.append(Rejection(candidate.label, problem, "capacity"))
+                        report.all_failures.append(f"matching device {candidate.label}: {problem}")
                         continue
                 eligible.append(candidate)
+                sequence.append(candidate)
         self.reports[key] = report
         return report
 
-    # --------------------------------------------------------------------------------------------------
-    # ----------
+    # ------------------------------------------------------------------------------------------------------
     def run(self) -> NodeResult:
         self._init_counters()  # only nodes that are searched need the counter bookkeeping
         slots = [(ci, request) for ci, claim in enumerate(self.claims) for request in claim.requests]
@@ -254,11 +275,8 @@ class NodeAllocator:
             if alternative.all_devices:
                 if not report.eligible:
                     return f"request {alternative.name}: no matching device for allocationMode All"
-                if any(r.kind in ("allocated", "pool") for r in report.rejected):
-                    return (
-                        f"request {alternative.name}: allocationMode All but some matching devices "
-                        "are unavailable"
-                    )
+                if report.all_failures:
+                    return f"request {alternative.name}: allocationMode All: {report.all_failures[0]}"
             if len(report.eligible) < (1 if alternative.all_devices else alternative.count):
                 return (
                     f"request {alternative.name}: needs {needed} device(s), "
@@ -273,8 +291,7 @@ class NodeAllocator:
                 )
         return "no combination of devices satisfies all requests and constraints"
 
-    # --------------------------------------------------------------------------------------------------
-    # ----------
+    # ------------------------------------------------------------------------------------------------------
     def _solve(self, slots: Sequence[tuple[int, Any]], index: int) -> bool:
         if index == len(slots):
             return True
@@ -286,7 +303,7 @@ class NodeAllocator:
             if alternative.all_devices:
                 if self._pick_all(slots, index, claim_index, alternative, report):
                     return True
-            elif self._pick(slots, index, claim_index, alternative, report.eligible, 0, 0):
+            elif self._pick(slots, index, claim_index, alternative, report, 0, 0):
                 return True
         return False
 
@@ -298,11 +315,11 @@ class NodeAllocator:
         request: DeviceRequestSpec,
         report: RequestReport,
     ) -> bool:
-        if not report.eligible:
-            return False
-        for rejection in report.rejected:
-            if rejection.kind in ("allocated", "pool"):
-                return False  # All needs every matching device, complete pools, nothing in use
+        if report.errors:
+            # Incomplete or invalid pools and CEL errors are errors for "All", not just a failed attempt.
+            raise _SearchAbortedError(f"request {request.name} asks for all devices: {report.errors[0]}")
+        if not report.eligible or report.all_failures:
+            return False  # at least one device, and every matching device must be usable
         added = 0
         for candidate in report.eligible:
             if not self._add(claim_index, request, candidate):
@@ -322,23 +339,26 @@ class NodeAllocator:
         index: int,
         claim_index: int,
         request: DeviceRequestSpec,
-        eligible: list[Candidate],
+        report: RequestReport,
         have: int,
         start: int,
     ) -> bool:
         if have == request.count:
             return self._solve(slots, index + 1)
-        for position in range(start, len(eligible) - (request.count - have) + 1):
-            candidate = eligible[position]
+        sequence = report.sequence
+        # Without error entries the tail that cannot hold the remaining devices can be skipped.
+        end = len(sequence) if report.errors else len(sequence) - (request.count - have) + 1
+        for position in range(start, end):
+            candidate = sequence[position]
+            if isinstance(candidate, str):
+                raise _SearchAbortedError(candidate)
             if not self._add(claim_index, request, candidate):
                 continue
-            if self._pick(slots, index, claim_index, request, eligible, have + 1, position + 1):
+            if self._pick(slots, index, claim_index, request, report, have + 1, position + 1):
                 return True
             self._remove()
         return False
 
-    # --------------------------------------------------------------------------------------------------
-    # ----------
     def _reject_late(
         self, claim_index: int, request: DeviceRequestSpec, candidate: Candidate, reason: str, kind: str
     ) -> bool:
@@ -404,8 +424,7 @@ class NodeAllocator:
         if not names:
             del self.picked_ids[candidate.id]
 
-    # --------------------------------------------------------------------------------------------------
-    # ----------
+    # ------------------------------------------------------------------------------------------------------
     def _capacity_left(self, candidate: Candidate, consumed: Mapping[str, Decimal]) -> str | None:
         capacity = candidate.capacity()
         shares = list(self.existing.shared.get(candidate.id, []))
@@ -435,8 +454,7 @@ class NodeAllocator:
             for counter, amount in counters.items():
                 available[counter] = available.get(counter, Decimal(0)) + sign * amount
 
-    # --------------------------------------------------------------------------------------------------
-    # ----------
+    # ------------------------------------------------------------------------------------------------------
     def _constraints_for(self, claim_index: int, request: DeviceRequestSpec) -> list[tuple[int, Constraint]]:
         base = request.name.split("/")[0]
         out = []

@@ -27,7 +27,9 @@ def atomic_write(
                 written = os.write(fd, view)
                 view = view[written:]
             if durable:
-                os.fsync(fd)
+                # Data (and the size that makes it readable) on disk before the rename: after a power loss the
+                # name points to the old or the new content, never to an empty file.
+                os.fdatasync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)

@@ -32,7 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from dra_gpu.checkpoint.atomic_file import atomic_write
+
+log = structlog.get_logger(__name__)
 
 API_VERSION = "checkpoint.gpu.nvidia.com/v1"
 KIND = "DraGpuCheckpoint"
@@ -195,6 +199,17 @@ def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
         return ""  # no boot id (unusual kernels): reboot detection is then off
 
 
+def read_boot_time(stat_path: Path = Path("/proc/stat")) -> float | None:
+    """When the system booted (seconds since the epoch), from the `btime` line."""
+    try:
+        for line in stat_path.read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def parse_checkpoint(raw: Mapping[str, Any], current_boot_id: str, source: str) -> Checkpoint:
     """Pure: turn the file's JSON into a `Checkpoint`, discarding claims from another boot."""
     api_version = raw.get("apiVersion")
@@ -226,6 +241,7 @@ class CheckpointStore:
         boot_id: str | None = None,
         lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
         queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S,
+        boot_time: float | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.path = self.directory / CHECKPOINT_FILE
@@ -233,6 +249,7 @@ class CheckpointStore:
         self.boot_id = read_boot_id() if boot_id is None else boot_id
         self._lock_timeout_s = lock_timeout_s
         self._queue_timeout_s = queue_timeout_s
+        self._boot_time = boot_time  # tests set it; else from /proc/stat
         self._thread_lock = threading.RLock()
         self._depth = 0
         self._lock_fd: int | None = None
@@ -289,6 +306,23 @@ class CheckpointStore:
             return Checkpoint(boot_id=self.boot_id)
         except OSError as exc:
             raise CheckpointCorruptError(f"{self.path}: cannot read ({exc.strerror})") from exc
+        try:
+            return self._parse(text)
+        except CheckpointCorruptError:
+            if not self._written_before_boot():
+                raise
+            # Unreadable, but last written before this boot: whatever it recorded was undone by the reboot.
+            log.warning("discarding unreadable checkpoint from before the last reboot", path=str(self.path))
+            return Checkpoint(boot_id=self.boot_id)
+
+    def _written_before_boot(self) -> bool:
+        boot_time = self._boot_time if self._boot_time is not None else read_boot_time()
+        try:
+            return boot_time is not None and self.path.stat().st_mtime < boot_time
+        except OSError:
+            return False
+
+    def _parse(self, text: str) -> Checkpoint:
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:

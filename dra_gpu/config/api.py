@@ -91,8 +91,9 @@ def _quantity(value: Any) -> Any:
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str):
-        raise PydanticCustomError("config", "must be {help}; got {kind}", {"help": QUANTITY_HELP,
-                                                                           "kind": type(value).__name__})
+        raise PydanticCustomError(
+            "config", "must be {help}; got {kind}", {"help": QUANTITY_HELP, "kind": type(value).__name__}
+        )
     try:
         num_bytes = parse_quantity(value)
     except QuantityError:
@@ -180,8 +181,10 @@ class MpsConfig(_StrictModel):
             if key.isdigit():
                 index = int(key)
                 if index >= len(ordered):
-                    reason = (f"index {index} is out of range: the claim has {len(ordered)} device(s) here, "
-                              f"indices 0..{len(ordered) - 1}")
+                    reason = (
+                        f"index {index} is out of range: the claim has {len(ordered)} device(s) here, "
+                        f"indices 0..{len(ordered) - 1}"
+                    )
                     errors.append(ConfigError(path, reason))
                     continue
                 uuid = ordered[index]
@@ -195,12 +198,17 @@ class MpsConfig(_StrictModel):
         for uuid, limit in limits.items():
             total = memory_bytes.get(uuid)
             if total is not None and limit > total:
-                which = "defaultPerDevicePinnedMemoryLimit" if self._per_device_names(uuid, ordered) else (
-                    "defaultPinnedDeviceMemoryLimit")
-                errors.append(ConfigError(
-                    f"{field_prefix}.{which}",
-                    f"limit {format_bytes(limit)} is larger than device {uuid} ({format_bytes(total)})",
-                ))
+                which = (
+                    "defaultPerDevicePinnedMemoryLimit"
+                    if self._per_device_names(uuid, ordered)
+                    else ("defaultPinnedDeviceMemoryLimit")
+                )
+                errors.append(
+                    ConfigError(
+                        f"{field_prefix}.{which}",
+                        f"limit {format_bytes(limit)} is larger than device {uuid} ({format_bytes(total)})",
+                    )
+                )
         if errors:
             raise ConfigError.combine(errors)
         return {uuid: limit - limit % MIB for uuid, limit in limits.items()}
@@ -230,8 +238,11 @@ def _check_strategy_fields(sharing: GpuSharing | MigDeviceSharing) -> list[Confi
         reason = f"only allowed with strategy TimeSlicing, but strategy is {sharing.strategy}"
         errors.append(ConfigError("sharing.timeSlicingConfig", reason))
     if sharing.mpsConfig is not None and sharing.strategy != "MPS":
-        errors.append(ConfigError("sharing.mpsConfig",
-                                  f"only allowed with strategy MPS, but strategy is {sharing.strategy}"))
+        errors.append(
+            ConfigError(
+                "sharing.mpsConfig", f"only allowed with strategy MPS, but strategy is {sharing.strategy}"
+            )
+        )
     return errors
 
 
@@ -329,11 +340,11 @@ def decode_opaque_config(parameters: Mapping[str, Any]) -> DeviceConfig:
     allowed_versions = ", ".join(SUPPORTED_API_VERSIONS)
     if api_version is None:
         raise ConfigError("apiVersion", f"required; allowed: {allowed_versions}")
-    if api_version not in SUPPORTED_API_VERSIONS:
+    if not isinstance(api_version, str) or api_version not in SUPPORTED_API_VERSIONS:
         raise ConfigError("apiVersion", f"{api_version!r} is not supported; allowed: {allowed_versions}")
     if kind is None:
         raise ConfigError("kind", f"required; allowed: {', '.join(SUPPORTED_KINDS)}")
-    if kind not in _MODELS:
+    if not isinstance(kind, str) or kind not in _MODELS:
         allowed_kinds = ", ".join(SUPPORTED_KINDS)
         raise ConfigError("kind", f"{kind!r} is not supported by this driver; allowed: {allowed_kinds}")
     renamed: dict[str, str] = {}
@@ -361,8 +372,10 @@ def _convert_legacy(parameters: Mapping[str, Any]) -> tuple[dict[str, Any], dict
         if isinstance(ts, Mapping) and "timeSlice" in ts:
             ts = dict(ts)
             if "interval" in ts:
-                raise ConfigError("sharing.timeSlicingConfig",
-                                  "set either interval or its deprecated name timeSlice, not both")
+                raise ConfigError(
+                    "sharing.timeSlicingConfig",
+                    "set either interval or its deprecated name timeSlice, not both",
+                )
             ts["interval"] = ts.pop("timeSlice")
             renamed["interval"] = "timeSlice"
             sharing["timeSlicingConfig"] = ts
@@ -443,7 +456,7 @@ def _format_path(loc: Sequence[str | int], renamed: Mapping[str, str]) -> str:
         if previous == "defaultPerDevicePinnedMemoryLimit":
             parts[-1] += f"[{item!r}]"
         elif isinstance(item, int):
-            parts[-1 if parts else 0:] = [f"{parts[-1] if parts else ''}[{item}]"]
+            parts[-1 if parts else 0 :] = [f"{parts[-1] if parts else ''}[{item}]"]
         else:
             parts.append(renamed.get(item, item))
         previous = item

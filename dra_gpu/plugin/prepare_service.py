@@ -297,7 +297,7 @@ class PrepareService:
             self.faults.reached("prepare-started")
             try:
                 return self._apply(ref, checkpoint, entry, allocations, groups)
-            except ClaimError as failure:
+            except Exception as failure:  # whatever went wrong, undo what was done before answering
                 self._roll_back_after_failure(ref, checkpoint, failure)
                 raise
 
@@ -519,7 +519,7 @@ class PrepareService:
 
     # ------------------------------------------------------------------------------------------- rollback
 
-    def _roll_back_after_failure(self, ref: ClaimRef, checkpoint: Checkpoint, failure: ClaimError) -> None:
+    def _roll_back_after_failure(self, ref: ClaimRef, checkpoint: Checkpoint, failure: Exception) -> None:
         entry = checkpoint.claims.get(ref.uid)
         if entry is None:
             return

@@ -236,11 +236,7 @@ class HardwareSharingManager:
         return client_edits(record, share.compute_percent, {share.gpu_uuid: share.memory_bytes})
 
     def _daemon_answers(self, record: Mapping[str, Any]) -> bool:
-        try:
-            self._mps.command(record, "get_server_list", timeout_s=5)
-            return True
-        except SharingError:
-            return False
+        return self._mps.answers(record)
 
     # ---- unprepare -----------------------------------------------------------------------------------------
 
@@ -320,6 +316,34 @@ class HardwareSharingManager:
                     continue
                 stopped.append(directory.name)
             return stopped
+
+    def revive_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> list[str]:
+        """At start-up: restart, in place, the MPS daemons that prepared groups and shared GPUs still need but
+        that no longer answer (a restart of the plugin's container takes its child processes with it).
+
+        Returns the ids restarted; a daemon that cannot be restarted is logged and left for unprepare.
+        """
+        with self._lock:
+            revived: list[str] = []
+            records = [dict(s["mpsDaemon"]) for s in owned_states if s.get("mpsDaemon")]
+            for record in records:
+                if self._revive(record):
+                    revived.append(record["id"])
+            with self._registry.update() as data:
+                for entry in data["sharedMps"].values():
+                    if entry["clients"] and self._revive(entry["daemon"]):
+                        revived.append(entry["daemon"]["id"])
+            return revived
+
+    def _revive(self, record: dict[str, Any]) -> bool:
+        if not Path(record["dir"]).is_dir() or self._mps.answers(record):
+            return False
+        try:
+            self._mps.restart(record)
+        except (SharingError, HardwareError, OSError) as err:
+            log.error("cannot restart MPS daemon", id=record["id"], error=str(err))
+            return False
+        return True
 
     def describe(self) -> dict[str, Any]:
         """The registry (what is shared between claims right now), for diagnostics."""

@@ -92,6 +92,8 @@ class MigLifecycle:
         try:
             instance = self._hardware.create_mig_device(gpu.uuid, spec.gi_profile_id, spec.placement_start)
         except HardwareError as err:
+            if not gpu.mig_enabled:
+                self._undo_mig_mode(gpu.uuid)
             raise SharingError(f"{where}: creating it failed: {err}") from None
         with self._registry.update() as data:
             data["createdMig"].append([instance.parent_uuid, instance.gi_id, instance.ci_id])
@@ -114,6 +116,14 @@ class MigLifecycle:
             data["createdMig"] = [k for k in data["createdMig"] if k != key]
         log.info("MIG device destroyed", uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
         self.maybe_disable_mig_mode(instance.parent_uuid)
+
+    def _undo_mig_mode(self, gpu_uuid: str) -> None:
+        """Creation failed after the hardware switched MIG mode on: switch it off again if still empty."""
+        try:
+            if not self._hardware.list_mig_devices(gpu_uuid):
+                self._hardware.set_mig_mode(gpu_uuid, False)
+        except HardwareError as err:
+            log.warning("cannot switch MIG mode off after a failed creation", gpu=gpu_uuid, error=str(err))
 
     def maybe_disable_mig_mode(self, gpu_uuid: str) -> None:
         """Switch MIG mode off on a GPU where we switched it on, once no MIG device is left on it."""

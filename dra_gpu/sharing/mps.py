@@ -256,6 +256,41 @@ class MpsDaemons:
         except (OSError, ValueError):
             return None
 
+    def answers(self, record: Mapping[str, Any]) -> bool:
+        try:
+            self.command(record, "get_server_list", timeout_s=5)
+            return True
+        except SharingError:
+            return False
+
+    def restart(self, record: dict[str, Any]) -> None:
+        """Start the daemon of `record` again in place (same directories, mount and limits), e.g. after the
+        plugin's container was restarted and took the daemon with it. Containers that bind-mounted the pipe
+        and
+        shm directories keep working with the new daemon, so nothing is removed. Updates `record["pid"]`."""
+        root = Path(record["dir"])
+        for name in ("pipe", "log", "shm"):
+            (root / name).mkdir(parents=True, exist_ok=True)
+        if record.get("shmMounted") and not _is_mount_point(root / "shm"):
+            record["shmMounted"] = self._mount_tmpfs(root / "shm")
+        with contextlib.suppress(FileNotFoundError):
+            (root / "pipe" / PID_FILE).unlink()  # the previous daemon's; it is gone
+        for uuid in record.get("computeModes", {}):
+            self._hardware.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
+        self._run(record, ["-d"], None, what="restarting the MPS control daemon")
+        record["pid"] = self._read_pid(root / "pipe")
+        _save_record(record)
+        self._wait_ready(record)
+        limits = [
+            f"set_default_device_pinned_mem_limit {uuid} {value}"
+            for uuid, value in sorted(record.get("pinnedLimits", {}).items())
+        ]
+        if record.get("threadPercentage") is not None:
+            limits.insert(0, f"set_default_active_thread_percentage {record['threadPercentage']}")
+        if limits:
+            self._run(record, [], "\n".join(limits) + "\n", what="setting MPS limits again")
+        log.info("MPS daemon restarted", id=record["id"], pid=record["pid"])
+
     def daemon_dirs(self) -> list[Path]:
         return sorted(p for p in self._base.iterdir() if p.is_dir()) if self._base.is_dir() else []
 
@@ -264,7 +299,8 @@ class MpsDaemons:
     def stop(self, record: Mapping[str, Any]) -> list[str]:
         """Stop the daemon, unmount, remove its dir, restore compute modes. Idempotent; returns problems."""
         problems: list[str] = []
-        pid = record.get("pid") or self._read_pid(Path(record["pipeDir"]))
+        # The pid file names the daemon that runs now (it may have been restarted since the record was made).
+        pid = self._read_pid(Path(record["pipeDir"])) or record.get("pid")
         if Path(record["pipeDir"]).is_dir():
             try:
                 self.command(record, "quit", timeout_s=self._stop_timeout_s)

@@ -75,9 +75,18 @@ class Registry:
                 os.close(fd)
 
     def read(self) -> dict[str, Any]:
-        with self.update() as data:
-            copy: dict[str, Any] = json.loads(json.dumps(data))  # a private copy
-            return copy
+        """A private copy of the current contents (nothing is written)."""
+        with self._thread_lock:
+            if self._open is not None:
+                copy: dict[str, Any] = json.loads(json.dumps(self._open))
+                return copy
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                return self._load()
+            finally:
+                os.close(fd)
 
     def _load(self) -> dict[str, Any]:
         try:

@@ -91,6 +91,8 @@ CLUSTER_BINARIES = (
     "cni/loopback",
     "cni/portmap",
 )
+# Kernel settings kubelet changes at start-up (pkg/kubelet/cm setupKernelTunables).
+KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 NODE_FEATURE_GATES = (
     "DRAPartitionableDevices",
@@ -272,6 +274,7 @@ class Cluster:
             old.unlink()
         try:
             self._host_network()
+            self._save_kernel_tunables()
             cgroup_root = self._cgroup_root()
             log("starting etcd + kube-apiserver")
             self.plane = ControlPlane(
@@ -342,6 +345,21 @@ class Cluster:
             for hook in ("PREROUTING", "OUTPUT"):
                 run(["iptables", "-t", "nat", "-I", hook, "-j", SVC_CHAIN])
 
+    def _save_kernel_tunables(self) -> None:
+        # kubelet (protectKernelDefaults: false) sets these for its own needs; down() puts the host's back.
+        saved = self.state / "sysctl-saved.json"
+        if saved.exists():
+            return
+        values = {key: (Path("/proc/sys") / key).read_text().strip() for key in KUBELET_SYSCTLS}
+        saved.write_text(json.dumps(values) + "\n")
+
+    def _restore_kernel_tunables(self) -> None:
+        saved = self.state / "sysctl-saved.json"
+        with contextlib.suppress(OSError, ValueError):
+            for key, value in json.loads(saved.read_text()).items():
+                (Path("/proc/sys") / key).write_text(f"{value}\n")
+            saved.unlink()
+
     def _cgroup_root(self) -> str:
         root = common_cgroup_root(own_cgroups(Path("/proc/self/cgroup").read_text()))
         cgroup_root = f"{root.rstrip('/')}/{CGROUP_LEAF}"
@@ -386,7 +404,7 @@ class Cluster:
             f"--cluster-signing-cert-file={pki.ca.cert}",
             f"--cluster-signing-key-file={pki.ca.key}",
             "--use-service-account-credentials=false",
-            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller",
+            "--controllers=*",
             f"--service-cluster-ip-range={'10.96.0.0/16'}",
             "--profiling=false",
         ]
@@ -525,6 +543,7 @@ class Cluster:
         self._unmount_all()
         self._remove_cgroups()
         self._remove_host_network()
+        self._restore_kernel_tunables()
         with contextlib.suppress(FileNotFoundError):
             self.pids_file.unlink()
         if self.plane:
@@ -678,10 +697,6 @@ state = "{run_dir / "containerd"}"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "{PAUSE_IMAGE}"
 
-[plugins.'io.containerd.grpc.v1.cri']
-  [plugins.'io.containerd.grpc.v1.cri'.x509_key_pair_streaming]
-
-[plugins.'io.containerd.cri.v1.server']
 """
 
 
@@ -790,10 +805,8 @@ def _busybox_rootfs(root: Path) -> None:
         raise ClusterError(
             "/bin/busybox missing: run e2e/cluster/install-host-deps.sh (package busybox-static)"
         )
-    if (
-        "not a dynamic executable"
-        not in run(["ldd", str(busybox)], check=False).stdout + run(["ldd", str(busybox)], check=False).stderr
-    ):
+    ldd = run(["ldd", str(busybox)], check=False, quiet=True)
+    if "not a dynamic executable" not in ldd.stdout + ldd.stderr:
         raise ClusterError("/bin/busybox is dynamically linked; install busybox-static")
     for d in ("bin", "etc", "tmp", "proc", "sys", "dev", "root", "var", "usr/bin"):
         (root / d).mkdir(parents=True, exist_ok=True)

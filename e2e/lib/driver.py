@@ -56,7 +56,29 @@ def python_cli() -> list[str]:
 
 
 def read_sim_state(driver_root: Path) -> dict[str, Any]:
-    """`dra-gpu hardware state --driver-root ROOT -o json`: the simulated hardware as the plugin left it."""
+    """The simulated hardware as the plugin left it: the state `dra-gpu hardware state -o json` prints.
+
+    Read in-process through the simulator's own locked store (what the CLI does), because the suite polls it
+    every second and a Python start-up per poll would cost a core on this machine.
+    """
+    from dra_gpu.hardware import profiles
+    from dra_gpu.hardware.sim_driver_root import state_path
+    from dra_gpu.hardware.simulator.state import StateStore
+
+    sim = StateStore(state_path(driver_root)).read()
+    state: dict[str, Any] = sim.to_json()
+    # The CLI's additions: index and minor per GPU, the profile name of each GPU instance.
+    gpus = profiles.simulated_gpus(sim.layout(), sim.seed)
+    for gpu, entry in zip(gpus, state["gpus"], strict=True):
+        entry.update(index=gpu.index, minor=gpu.minor)
+        names = {p.gi_profile_id: p.name for p in gpu.profile.mig_profiles}
+        for gi in entry["gpu_instances"]:
+            gi["profile"] = names.get(gi["profile_id"], str(gi["profile_id"]))
+    return state
+
+
+def read_sim_state_cli(driver_root: Path) -> dict[str, Any]:
+    """The same through the CLI (the contract other tools use); tests check the two agree."""
     argv = [*python_cli(), "hardware", "state", "--driver-root", str(driver_root), "-o", "json"]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
     if proc.returncode != 0:
@@ -316,10 +338,23 @@ class HostDriver:
         return items
 
     def wait_slices(self, timeout_s: float = 90) -> list[dict[str, Any]]:
+        """The node's pool once complete: every slice of its newest generation is there, with devices."""
+
+        def complete() -> list[dict[str, Any]] | None:
+            slices = self.slices()
+            if not slices:
+                return None
+            newest = max(int(s["spec"]["pool"]["generation"]) for s in slices)
+            current = [s for s in slices if int(s["spec"]["pool"]["generation"]) == newest]
+            want = int(current[0]["spec"]["pool"]["resourceSliceCount"])
+            if len(current) != want or not any(s["spec"].get("devices") for s in current):
+                return None
+            return current
+
         return wait_until(
-            lambda: [s for s in self.slices() if s["spec"].get("devices")] and self.slices(),
+            complete,
             timeout_s=timeout_s,
-            what=f"ResourceSlices of {DRIVER_NAME} on {self.node_name}",
+            what=f"the complete ResourceSlice pool of {DRIVER_NAME} on {self.node_name}",
             explain=self.log_tail,
         )
 

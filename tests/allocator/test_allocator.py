@@ -98,11 +98,21 @@ def test_whole_gpu_and_mig_in_one_claim_do_not_fit() -> None:
     assert "counter" in (explanation.reason or "")
 
 
-def test_incomplete_pool_is_skipped() -> None:
-    slices = partitionable_node()[1:]  # the counters-only slice is missing
+def test_incomplete_pool_serves_exact_count_but_not_all() -> None:
+    # The scheduler uses the slices of an incomplete pool that are there (newest generation) for ExactCount;
+    # allocationMode All is an error because "all" is unknown.
+    slices = [resource_slice("n1-0", "n1", [device("gpu-0")], count=2)]
+    [explanation] = run([claim("c", exactly("g"))], slices)
+    assert allocated_labels(explanation) == ["n1/gpu-0"]
+    [every] = run([claim("c", exactly("g", count=None, allocationMode="All"))], slices)
+    assert not every.allocatable and "incomplete" in (every.reason or "")
+
+
+def test_devices_without_their_counter_slice_cannot_be_allocated() -> None:
+    slices = partitionable_node()[1:]  # the counters-only slice is missing: the pool is incomplete
     [explanation] = run([claim("c", exactly("g"))], slices)
     assert not explanation.allocatable
-    assert "incomplete" in explanation.requests[0].rejected[0].reason
+    assert "counter set gpu-0-counter-set does not exist" in (explanation.reason or "")
 
 
 def test_only_the_newest_generation_counts() -> None:
@@ -149,13 +159,31 @@ def test_selectors_report_which_one_failed() -> None:
     assert "request selector #0 is false" in rejection.reason
 
 
-def test_cel_runtime_error_aborts_the_node() -> None:
-    slices = [resource_slice("s", "n1", [device("gpu-0"), device("gpu-1", attributes={"x": 1})])]
+def test_cel_runtime_error_aborts_the_node_when_the_search_reaches_it() -> None:
     request = exactly("g", selectors=["device.attributes['gpu.nvidia.com'].x == 1"])
+    slices = [resource_slice("s", "n1", [device("gpu-0"), device("gpu-1", attributes={"x": 1})])]
     [explanation] = run([claim("c", request)], slices)
-    # gpu-1 would match, but the error on gpu-0 makes the scheduler give up on the node.
+    # gpu-1 would match, but the error on gpu-0 comes first and makes the scheduler give up on the node.
     assert not explanation.allocatable
     assert "CEL runtime error" in (explanation.reason or "")
+    # In the other order the search stops at gpu-1 before it evaluates the failing device.
+    reordered = [resource_slice("s", "n1", [device("gpu-1", attributes={"x": 1}), device("gpu-0")])]
+    [found] = run([claim("c", request)], reordered)
+    assert allocated_labels(found) == ["n1/gpu-1"]
+    # A device held by another claim is skipped before its selectors are evaluated.
+    [held] = run([claim("c", request)], slices, existing=[allocated("o", result("gpu-0", "n1"))])
+    assert allocated_labels(held) == ["n1/gpu-1"]
+
+
+def test_invalid_pool_aborts_only_when_reached() -> None:
+    good = resource_slice("s", "a-node", [device("gpu-0")], pool="a-pool")
+    bad = resource_slice(
+        "t", "a-node", [device("gpu-1", consumes=[consumes("nope", memory="1Gi")])], pool="b-pool"
+    )
+    [first_pool_fits] = run([claim("c", exactly("g"))], [good, bad])
+    assert allocated_labels(first_pool_fits) == ["a-pool/gpu-0"]
+    [needs_more] = run([claim("c", exactly("g", count=2))], [good, bad])
+    assert not needs_more.allocatable and "invalid" in (needs_more.reason or "")
 
 
 def test_taints_and_tolerations() -> None:
@@ -185,6 +213,13 @@ def test_devices_of_other_claims_and_admin_access() -> None:
     [admin] = run([claim("c", exactly("g", count=2, adminAccess=True))], slices, existing=existing)
     assert allocated_labels(admin) == ["n1/gpu-0", "n1/gpu-1"]
     assert all(r.admin_access for r in admin.results)
+
+
+def test_allocation_mode_all_fails_on_a_tainted_matching_device() -> None:
+    taint = {"key": "k", "effect": "NoSchedule"}
+    slices = [resource_slice("s", "n1", [device("gpu-0"), device("gpu-1", taints=[taint])])]
+    [explanation] = run([claim("c", exactly("g", count=None, allocationMode="All"))], slices)
+    assert not explanation.allocatable and "not tolerated" in (explanation.reason or "")
 
 
 def test_allocation_mode_all() -> None:

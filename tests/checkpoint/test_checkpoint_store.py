@@ -212,3 +212,18 @@ def test_lock_is_reentrant_in_one_thread(tmp_path: Path) -> None:
     with store.locked(), store.locked():
         store.write(Checkpoint(boot_id="b", claims={"u": entry("u")}))
     assert set(store.read().claims) == {"u"}
+
+
+def test_unreadable_checkpoint_from_before_the_boot_is_discarded(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_text("")  # what a power loss can leave behind
+    written = (tmp_path / "checkpoint.json").stat().st_mtime
+    assert CheckpointStore(tmp_path, boot_id="b", boot_time=written + 60).read().claims == {}
+    with pytest.raises(CheckpointCorruptError):
+        CheckpointStore(tmp_path, boot_id="b", boot_time=written - 60).read()
+
+
+def test_boot_time_comes_from_proc_stat() -> None:
+    from dra_gpu.checkpoint.checkpoint_store import read_boot_time
+
+    boot = read_boot_time()
+    assert boot is not None and 0 < boot < time.time()

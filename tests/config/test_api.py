@@ -186,6 +186,8 @@ def test_mig_device_config_accepts_both_strategies() -> None:
         ),
         (gpu([]), "sharing", ["object"]),
         (["not", "an", "object"], "parameters", ["object"]),
+        ({"apiVersion": V1B1, "kind": ["GpuConfig"]}, "kind", ["GpuConfig", "MigDeviceConfig"]),
+        ({"apiVersion": {"group": "x"}, "kind": "GpuConfig"}, "apiVersion", ["resource.nvidia.com/v1beta1"]),
     ],
 )
 def test_bad_config_names_field_and_allowed_values(parameters: Any, field: str, words: list[str]) -> None:

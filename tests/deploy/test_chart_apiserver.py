@@ -12,6 +12,7 @@ only dry-run.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,7 +45,7 @@ def namespace(kube_apiserver: Any) -> Iterator[str]:
     from kubernetes import client
 
     name = f"dra-gpu-chart-{uuid.uuid4().hex[:8]}"
-    core = client.CoreV1Api(kube_apiserver.api_client())
+    core: Any = client.CoreV1Api(kube_apiserver.api_client())
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)
@@ -54,12 +55,15 @@ def _create(api_client: Any, doc: dict[str, Any], namespace: str, dry_run: bool)
     from kubernetes import utils
 
     kwargs = {"dry_run": "All"} if dry_run else {}
-    utils.create_from_dict(api_client, doc, namespace=namespace, **kwargs)
+    create: Any = utils.create_from_dict  # untyped in the client library
+    create(api_client, doc, namespace=namespace, **kwargs)
 
 
-@pytest.mark.parametrize("sets", [(), ("hardware=dgx-h100", "webhook.tls.mode=helm")], ids=["default", "simulated"])
-def test_api_server_accepts_every_rendered_object(kube_apiserver: Any, namespace: str, sets: tuple[str, ...]) -> None:
-    from kubernetes.client.rest import ApiException
+@pytest.mark.parametrize("sets", [(), ("hardware=dgx-h100", "webhook.tls.mode=helm")],
+                         ids=["default", "simulated"])
+def test_api_server_accepts_every_rendered_object(kube_apiserver: Any, namespace: str,
+                                                  sets: tuple[str, ...]) -> None:
+    from kubernetes.client.exceptions import ApiException
 
     api_client = kube_apiserver.api_client()
     docs = _render(f"r{uuid.uuid4().hex[:6]}", namespace, *sets)
@@ -110,7 +114,7 @@ def _eventually(check: Callable[[], str | None], timeout: float = 20.0) -> None:
 
 def test_plugin_may_write_only_its_own_nodes_slices(kube_apiserver: Any, namespace: str) -> None:
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     release = f"p{uuid.uuid4().hex[:6]}"
     docs = _render(release, namespace, "webhook.enabled=false")
@@ -123,8 +127,8 @@ def test_plugin_may_write_only_its_own_nodes_slices(kube_apiserver: Any, namespa
             created.append(doc)
     sa = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
     user = f"system:serviceaccount:{namespace}:{sa}"
-    on_a = client.ResourceV1Api(_as_plugin(kube_apiserver, user, "node-a"))
-    admin_resource = client.ResourceV1Api(admin)
+    on_a: Any = client.ResourceV1Api(_as_plugin(kube_apiserver, user, "node-a"))
+    admin_resource: Any = client.ResourceV1Api(admin)
     suffix = uuid.uuid4().hex[:6]
     try:
         def own_slice_allowed() -> str | None:
@@ -162,7 +166,7 @@ def test_plugin_may_write_only_its_own_nodes_slices(kube_apiserver: Any, namespa
         on_a.delete_resource_slice(f"a-{suffix}")
 
         # Without a node in its token the plugin can write nothing.
-        nodeless = client.ResourceV1Api(_as_plugin(kube_apiserver, user, None))
+        nodeless: Any = client.ResourceV1Api(_as_plugin(kube_apiserver, user, None))
         with pytest.raises(ApiException) as no_node:
             nodeless.create_resource_slice(_slice(f"e-{suffix}", "node-a"))
         assert "names no node" in str(no_node.value.body)
@@ -171,24 +175,23 @@ def test_plugin_may_write_only_its_own_nodes_slices(kube_apiserver: Any, namespa
         with pytest.raises(ApiException) as list_claims:
             on_a.list_namespaced_resource_claim(namespace)
         assert list_claims.value.status == 403
+        core: Any = client.CoreV1Api(_as_plugin(kube_apiserver, user, "node-a"))
         with pytest.raises(ApiException) as secrets:
-            client.CoreV1Api(_as_plugin(kube_apiserver, user, "node-a")).list_namespaced_secret(namespace)
+            core.list_namespaced_secret(namespace)
         assert secrets.value.status == 403
     finally:
         for name in (f"a-{suffix}", f"b-{suffix}", f"c-{suffix}", f"d-{suffix}", f"e-{suffix}"):
-            try:
+            with contextlib.suppress(ApiException):
                 admin_resource.delete_resource_slice(name)
-            except ApiException:
-                pass
         _delete_cluster_objects(admin, created)
 
 
 def _delete_cluster_objects(admin: Any, docs: list[dict[str, Any]]) -> None:
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
-    rbac = client.RbacAuthorizationV1Api(admin)
-    admission = client.AdmissionregistrationV1Api(admin)
+    rbac: Any = client.RbacAuthorizationV1Api(admin)
+    admission: Any = client.AdmissionregistrationV1Api(admin)
     deleters = {
         "ClusterRole": rbac.delete_cluster_role,
         "ClusterRoleBinding": rbac.delete_cluster_role_binding,
@@ -198,7 +201,5 @@ def _delete_cluster_objects(admin: Any, docs: list[dict[str, Any]]) -> None:
     for doc in docs:
         delete = deleters.get(doc["kind"])
         if delete is not None:
-            try:
+            with contextlib.suppress(ApiException):
                 delete(doc["metadata"]["name"])
-            except ApiException:
-                pass

@@ -24,7 +24,8 @@ def _lock(path: Path) -> dict[str, str]:
     for line in path.read_text().splitlines():
         if not line or line.startswith("#"):
             continue
-        assert re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+!\-]+", line), f"{path.name}: not an exact pin: {line}"
+        pin = re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+!\-]+", line)
+        assert pin, f"{path.name}: not an exact pin: {line}"
         name, version = line.split("==")
         pins[_normalize(name)] = version
     return pins
@@ -87,8 +88,8 @@ def test_build_script_explains_a_missing_builder(tmp_path: Path) -> None:
             if Path(base, tool).exists():
                 (bin_dir / tool).symlink_to(Path(base, tool))
                 break
-    out = subprocess.run([str(IMAGE_DIR / "build.sh")], capture_output=True, text=True, timeout=60, check=False,
-                         env={**os.environ, "PATH": str(bin_dir)})
+    out = subprocess.run([str(IMAGE_DIR / "build.sh")], capture_output=True, text=True, timeout=60,
+                         check=False, env={**os.environ, "PATH": str(bin_dir)})
     assert out.returncode == 1
     for line in ("docker is not installed", "podman is not installed", "buildah is not installed"):
         assert line in out.stderr, out.stderr

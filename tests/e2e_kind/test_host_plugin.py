@@ -63,3 +63,51 @@ def test_plugin_host_process_publishes_slices_and_survives_sigkill(
     finally:
         driver.stop_plugin()
         kubectl.run("delete", "resourceslices.resource.k8s.io", "--all", check=False)
+
+
+@pytest.mark.apiserver
+def test_install_then_uninstall_leaves_nothing(kube_apiserver: Any, tmp_path: Path) -> None:
+    """`python -m e2e.lib.install up|down` minus the kubelet: DeviceClasses, webhook, plugin, slices."""
+    from e2e.lib.chart import ChartUnavailableError, render_chart
+
+    try:
+        render_chart({"hardware": "dgx-h100"})
+    except ChartUnavailableError as exc:
+        pytest.skip(str(exc))
+    kubelet_dir = Path(tempfile.mkdtemp(prefix="kl", dir="/tmp"))
+    settings = dataclasses.replace(
+        load_settings({}),
+        kubeconfig=Path(kube_apiserver.kubeconfig),
+        artifacts=tmp_path,
+        driver_root=tmp_path / "driver-root",
+        cdi_root=tmp_path / "cdi",
+        kubelet_dir=kubelet_dir,
+        plugin_port=_free_port(),
+        webhook_port=_free_port(),
+        node_name="sim-node-2",
+    )
+    kubectl = Kubectl(settings.kubeconfig)
+    driver = HostDriver(settings, kubectl)
+    try:
+        times = driver.install(log=lambda _m: None)
+        assert {"deviceclasses_s", "plugin_ready_s", "slices_published_s"} <= set(times)
+        classes = {c["metadata"]["name"] for c in kubectl.items("deviceclasses.resource.k8s.io")}
+        assert {"gpu.nvidia.com", "mig.nvidia.com", "gpu-share.nvidia.com"} <= classes
+        assert driver.webhook_running() and driver.plugin_running()
+        assert driver.install(log=lambda _m: None)["slices_published_s"] >= 0  # idempotent: nothing restarted
+    finally:
+        driver.uninstall()
+        kubectl.run("delete", "resourceslices.resource.k8s.io", "--all", check=False)
+    assert not driver.webhook_running() and not driver.plugin_running()
+    assert not kubectl.items("deviceclasses.resource.k8s.io")
+
+
+def test_in_process_sim_state_equals_the_cli(tmp_path: Path) -> None:
+    from e2e.lib.driver import read_sim_state, read_sim_state_cli
+
+    settings = dataclasses.replace(load_settings({}), artifacts=tmp_path, driver_root=tmp_path / "root")
+    HostDriver(settings, Kubectl(tmp_path / "none"), node_name="n").init_sim()
+    cli = read_sim_state_cli(settings.driver_root)
+    fast = read_sim_state(settings.driver_root)
+    assert {k: v for k, v in cli.items() if k != "devices"} == fast
+    assert len(fast["gpus"]) == 8

@@ -62,3 +62,20 @@ def test_timings_table_orders_known_labels_and_marks_missing() -> None:
 
 def test_percent_keys_are_not_seconds() -> None:
     assert "12.5 %" in timings_table({"prepare_share_pct": 12.5}, {"prepare_share_pct": "share"})
+
+
+def test_build_timings_prefer_whole_target_records() -> None:
+    from e2e.lib.report import build_timings
+
+    components = {"etcd": {"build_s": 40.0}, "kubelet": {"build_s": 70.0}, "helm": {"build_s": 400.0}}
+    assert build_timings({"components": components}) == {"cluster_build_cold_s": 110.0}
+    full = {
+        "components": components,
+        "targets": {"all": {"cold_s": 900.0, "warm_s": 0.4}},
+        "cluster_start": {"control_plane_s": 5.0, "node_ready_s": 21.5},
+    }
+    assert build_timings(full) == {
+        "cluster_build_cold_s": 900.0,
+        "cluster_build_warm_s": 0.4,
+        "cluster_start_s": 21.5,
+    }

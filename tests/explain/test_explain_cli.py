@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +151,23 @@ def test_hardware_profile_inventory(tmp_path: Path) -> None:
     assert entry["allocation"]["nodeName"] == "node-0"
     assert len(entry["requests"][0]["allocated"]) == 8
     assert len(entry["requests"][0]["matching"]) == 24  # 8 GPUs on each of 3 nodes
+
+
+def test_hardware_inventory_equals_build_slices_per_node() -> None:
+    from dra_gpu.cli.explain import _hardware_inventory
+    from dra_gpu.hardware.loader import open_hardware
+    from dra_gpu.inventory.device_model import ModelOptions, build_device_model
+    from dra_gpu.slices.slice_builder import build_slices
+
+    inventory = _hardware_inventory("dgx-h100", 2, "1.36")
+    root = tempfile.mkdtemp(dir="/tmp")
+    try:
+        hardware = open_hardware("dgx-h100", root, seed="explain")
+        try:
+            model = build_device_model(hardware.discover(), ModelOptions())
+        finally:
+            hardware.close()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    expected = build_slices(model, "node-0", (1, 36)) + build_slices(model, "node-1", (1, 36))
+    assert inventory.slices == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -64,7 +65,29 @@ class SimNode:
         return {g.uuid: g.timeslice for g in self.sim_state().gpus if g.timeslice}
 
     def cleanup(self) -> None:
+        """Remove the node, including what a failed test left running on it: simulated MPS daemons (started
+        for this driver root) and tmpfs mounts under it."""
+        for pid in _pids_with_env("DRA_GPU_SIM_ROOT", str(self.driver_root)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        for mount_point in sorted((m for m in mounts if m.startswith(f"{self.base}/")), reverse=True):
+            subprocess.run(["umount", "-l", mount_point], check=False)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def _pids_with_env(name: str, value: str) -> list[int]:
+    wanted = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if wanted in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 class PluginProcess:

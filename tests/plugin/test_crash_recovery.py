@@ -3,6 +3,7 @@ ends up prepared for two claims, and the repeated call gets the answer an uninte
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Callable
@@ -139,8 +140,6 @@ def test_checkpoint_from_before_a_reboot_is_discarded_with_its_mig_devices(
     assert kubelet.prepare([claim]).claims[claim.uid].error == ""
     kubelet.close()
     first.stop(signal.SIGKILL)
-
-    import json
 
     path = node.plugin_dir / "checkpoint.json"
     doc = json.loads(path.read_text())

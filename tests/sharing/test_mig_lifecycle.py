@@ -158,3 +158,15 @@ def test_admin_access_devices_are_not_created(node: SimNode) -> None:
     assert result.mig_instances == {}
     assert result.state["adminAccessSkipped"] == [device.name]
     assert node.state().gpus[0].gpu_instances == []
+
+
+def test_failed_creation_leaves_mig_mode_as_it_was(node: SimNode) -> None:
+    from dra_gpu.hardware.simulator.state import Fault
+
+    with node.store.transaction() as state:  # NVML_ERROR_INSUFFICIENT_RESOURCES, as on a busy GPU
+        state.faults.append(Fault(gpu_index=0, function="nvmlDeviceCreateGpuInstanceWithPlacement", error=23))
+    device = dynamic(node, "1g.10gb", 0)
+    with pytest.raises(SharingError, match=f"MIG device {device.name} .*creating it failed"):
+        node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])
+    gpu = node.state().gpus[0]
+    assert gpu.mig_current is False and gpu.gpu_instances == []

@@ -235,3 +235,33 @@ def test_mig_mps_limit_larger_than_the_mig_device_rolls_back_the_creation(node: 
     assert node.state().gpus[0].gpu_instances == []
     assert node.state().gpus[0].mig_current is False
     assert node.leftovers() == []
+
+
+def test_daemons_killed_with_the_plugin_container_are_revived_in_place(node: SimNode) -> None:
+    config = mps_config(defaultActiveThreadPercentage=40, defaultPinnedDeviceMemoryLimit="2Gi")
+    manager = node.manager()
+    group = manager.prepare_group("claim-1", config, [node.alloc("gpu-0")])
+    share = node.manager().prepare_group(
+        "claim-2",
+        None,
+        [node.alloc("gpu-0-shared", share_id="s", consumed_capacity={"compute": "5", "memory": "1Gi"})],
+    )
+    old = [group.state["mpsDaemon"]["pid"], manager.describe()["sharedMps"][node.uuid()]["daemon"]["pid"]]
+    for pid in old:  # what a container restart does to the plugin's children
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.1)
+    shm = group.state["mpsDaemon"]["shmDir"]
+    restarted = node.manager()
+    revived = restarted.revive_mps([group.state, share.state])
+    assert sorted(revived) == sorted([group.state["mpsDaemon"]["id"], "shared-gpu-0"])
+    assert restarted.revive_mps([group.state, share.state]) == []  # they answer now
+    record = daemon_record(node, group)
+    assert record["running"] and record["pid"] not in old
+    assert record["default_active_thread_percentage"] == 40
+    assert record["default_pinned_mem_limits"] == {node.uuid(): "2048M"}
+    assert os.path.realpath(shm) in node.mounts_under_plugin_dir()  # the same tmpfs the containers see
+    restarted.unprepare_group(
+        "claim-1", group.state
+    )  # the checkpoint still has the old pid: the pid file wins
+    restarted.unprepare_group("claim-2", share.state)
+    assert node.leftovers() == []

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sim_node import SimNode
 
 from dra_gpu.config.api import decode_opaque_config
 from dra_gpu.hardware.types import ComputeMode, GpuInfo
-from dra_gpu.inventory.model import Capacity, Device, DeviceKind, MigSpec
+from dra_gpu.inventory.model import Capacity, Device, DeviceKind, DeviceModel, MigSpec
 from dra_gpu.sharing.interface import AllocatedDevice, SharingError
 from dra_gpu.sharing.plan import build_plan
 
@@ -126,15 +130,7 @@ def test_device_on_a_missing_gpu_is_refused() -> None:
         build_plan(config(strategy="MPS"), [gpu_device(V100)], {})
 
 
-# ---- property: any mix of devices and configs either plans or says why, never crashes -------------------------
-
-from collections.abc import Iterator  # noqa: E402
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from sim_node import SimNode  # noqa: E402
-
-from dra_gpu.inventory.model import DeviceModel  # noqa: E402
+# ---- property: any mix of devices and configs either plans or says why, never crashes ----------------------
 
 
 @pytest.fixture(scope="module")

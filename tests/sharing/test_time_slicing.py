@@ -115,3 +115,36 @@ def test_time_slicing_config_on_a_mig_device_is_refused(node: SimNode) -> None:
     ):
         node.manager().prepare_group("c", ts_config("Long"), [node.alloc(mig)])
     assert node.state().gpus[0].gpu_instances == []
+
+
+def _pre_volta_hardware() -> list[str]:
+    """Simulated single-GPU layouts older than Volta (e.g. a Tesla P4), if the simulator models any."""
+    from dra_gpu.hardware import profiles
+
+    names = []
+    for name in profiles.known_hardware_names():
+        slots = profiles.resolve_layout(name).slots
+        if len(slots) == 1 and slots[0].profile.cuda_compute_capability < (7, 0):
+            names.append(name)
+    return names
+
+
+@pytest.mark.skipif(not _pre_volta_hardware(), reason="the simulator models no pre-Volta GPU yet")
+@pytest.mark.parametrize("hardware", _pre_volta_hardware())
+def test_pre_volta_gpu_refuses_mps_and_reports_time_slicing_clearly(
+    make_node: Callable[[str], SimNode], hardware: str
+) -> None:
+    node = make_node(hardware)
+    mps = decode_opaque_config(
+        {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    )
+    with pytest.raises(SharingError, match="compute capability"):
+        node.manager().prepare_group("c", mps, [node.alloc("gpu-0")])
+    try:  # old GPUs may or may not support --set-timeslice; either it works and is undone, or it says why
+        result = node.manager().prepare_group("c", ts_config("Long"), [node.alloc("gpu-0")])
+    except SharingError as err:
+        assert "cannot set time-slice interval Long" in str(err)
+    else:
+        node.manager().unprepare_group("c", result.state)
+    assert node.gpu_state(node.uuid()).timeslice == 0
+    assert node.leftovers() == []

@@ -87,6 +87,10 @@ bad_quantities = st.one_of(
     st.lists(st.integers(), max_size=2),
     st.just(None).map(lambda _: {"value": "1Gi"}),
 )
+# values of the wrong JSON type, including unhashable ones
+junk = st.one_of(
+    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
+)
 not_an_int = st.one_of(st.text(max_size=5), st.floats(), st.booleans(), st.lists(st.integers(), max_size=2))
 unknown_names = st.text(min_size=1, max_size=20).filter(
     lambda s: (
@@ -172,11 +176,11 @@ def malformed_configs(draw: st.DrawFn) -> Any:
         )
     elif mutation == 8:
         body["apiVersion"] = draw(
-            st.one_of(st.text(max_size=30), st.integers()).filter(lambda v: v not in (V1B1, LEGACY))
+            st.one_of(st.text(max_size=30), st.integers(), junk).filter(lambda v: v not in (V1B1, LEGACY))
         )
     elif mutation == 9:
         body["kind"] = draw(
-            st.one_of(st.text(max_size=20), st.integers(), st.none()).filter(
+            st.one_of(st.text(max_size=20), st.integers(), st.none(), junk).filter(
                 lambda v: v not in ("GpuConfig", "MigDeviceConfig")
             )
         )

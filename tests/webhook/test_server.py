@@ -211,17 +211,11 @@ def _peer_common_name(port: int) -> str:
 
 
 def test_cli_serves_and_stops_on_sigterm(cert: Any) -> None:
-    code = (
-        "import argparse, sys\n"
-        "from dra_gpu.cli import webhook\n"
-        "p = argparse.ArgumentParser(); s = p.add_subparsers(); webhook.register(s)\n"
-        "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))\n"
-    )
     proc = subprocess.Popen(
         [
             sys.executable,
-            "-c",
-            code,
+            "-m",
+            "dra_gpu.cli.main",
             "webhook",
             "--tls-cert-file",
             str(cert.cert_file),
@@ -275,17 +269,11 @@ def test_cli_serves_and_stops_on_sigterm(cert: Any) -> None:
 
 
 def test_cli_reports_missing_certificate(tmp_path: Path) -> None:
-    code = (
-        "import argparse, sys\n"
-        "from dra_gpu.cli import webhook\n"
-        "p = argparse.ArgumentParser(); s = p.add_subparsers(); webhook.register(s)\n"
-        "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))\n"
-    )
     result = subprocess.run(
         [
             sys.executable,
-            "-c",
-            code,
+            "-m",
+            "dra_gpu.cli.main",
             "webhook",
             "--tls-cert-file",
             str(tmp_path / "none.crt"),

@@ -221,7 +221,7 @@ def _daemon_main(listener: socket.socket, ready_fd: int, daemon: Daemon) -> None
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.chdir("/")
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     pid = os.getpid()
     (daemon.pipe_dir / PID_FILE).write_text(f"{pid}\n")
     daemon.log(f"Starting control daemon pid {pid} for devices {','.join(daemon.visible)}")
@@ -239,6 +239,9 @@ def _daemon_main(listener: socket.socket, ready_fd: int, daemon: Daemon) -> None
     os.close(ready_fd)
     try:
         daemon.serve(listener)
+    except Exception as err:  # stdout/stderr are /dev/null: the log is the only place to say why
+        daemon.log(f"Control daemon failed: {err!r}")
+        raise
     finally:
         listener.close()
         with contextlib.suppress(FileNotFoundError):
@@ -247,6 +250,10 @@ def _daemon_main(listener: socket.socket, ready_fd: int, daemon: Daemon) -> None
             (daemon.pipe_dir / PID_FILE).unlink()
         daemon.log("Shutting down control daemon")
         daemon.record(running=False, stopped=time.time())
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(0)  # unwinds through _daemon_main's cleanup (socket, pid file, state record)
 
 
 def _connect(pipe_dir: Path) -> socket.socket:
