@@ -43,7 +43,8 @@ class SelectorSet:
         self.value_paths = all(len(p) == 3 or p == ("driver",) for p in self.paths)
         self.getters = [(p[0], p[1], p[2], f"{p[1]}/{p[2]}") for p in self.paths if len(p) == 3]
         self.cache: dict[tuple[Any, ...], Verdict] = {}
-        # Device entries shared between nodes (replicated inventories) are recognised by identity; the entry is
+        # Device entries shared between nodes (replicated inventories) are recognised by identity;
+        # the entry is
         # kept with the verdict so that its id cannot be reused by another object.
         self.by_identity: dict[int, tuple[Mapping[str, Any], str, Verdict]] = {}
         self.evaluations = 0

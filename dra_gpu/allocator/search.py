@@ -78,7 +78,8 @@ class RequestReport:
     eligible: list[Candidate] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     abort: str | None = None  # the request cannot be handled on this node at all (unknown DeviceClass)
-    # The devices in the order the scheduler walks them, with errors where it would hit them: a string entry is
+    # The devices in the order the scheduler walks them, with errors where it would hit them: a string
+    # entry is
     # a CEL runtime error or an invalid pool, which make the scheduler give up on the node when reached.
     sequence: list[Candidate | str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the string entries, for allocationMode All
@@ -174,10 +175,10 @@ class NodeAllocator:
         verdict_of = selectors.verdict
         for pool in self.pools:
             if pool.invalid_reason:
-                problem = f"pool {pool.name} is invalid: {pool.invalid_reason}"
-                sequence.append(problem)
-                report.errors.append(problem)
-                rejected.extend(Rejection(c.label, problem, "pool") for c in pool.candidates)
+                pool_problem = f"pool {pool.name} is invalid: {pool.invalid_reason}"
+                sequence.append(pool_problem)
+                report.errors.append(pool_problem)
+                rejected.extend(Rejection(c.label, pool_problem, "pool") for c in pool.candidates)
                 continue
             if pool.incomplete and all_mode:
                 # ExactCount still uses the slices that are there; "All" cannot know every device.

@@ -37,6 +37,18 @@ def attribute_value(name: str, attribute: Mapping[str, Any]) -> Any:
             return Semver.parse(str(attribute["version"]))
         except SemverError as error:
             raise CelEvalError(f"attribute {name}: parse semantic version: {error}") from None
+    # List attributes (DRAListTypeAttributes, alpha in 1.36).
+    if "strings" in attribute:
+        return [str(v) for v in attribute["strings"]]
+    if "ints" in attribute:
+        return [int(v) for v in attribute["ints"]]
+    if "bools" in attribute:
+        return [bool(v) for v in attribute["bools"]]
+    if "versions" in attribute:
+        try:
+            return [Semver.parse(str(v)) for v in attribute["versions"]]
+        except SemverError as error:
+            raise CelEvalError(f"attribute {name}: parse semantic version: {error}") from None
     raise CelEvalError(f"attribute {name}: unsupported attribute value")
 
 

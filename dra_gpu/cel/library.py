@@ -63,8 +63,7 @@ def _g(*types: str) -> Overload:
     return Overload(False, tuple(types[:-1]), types[-1])
 
 
-# ----------------------------------------------------------------------------------------------------------
-# ------
+# ----------------------------------------------------------------------------------------------------
 # Regular expressions (RE2, like cel-go)
 
 _RE_OPTIONS = re2.Options()
@@ -106,8 +105,7 @@ def _find_all(text: Any, pattern: Any, limit: Any = -1) -> list[str]:
     return found if limit < 0 else found[:limit]
 
 
-# ----------------------------------------------------------------------------------------------------------
-# ------
+# ----------------------------------------------------------------------------------------------------
 # Standard functions
 
 
@@ -249,8 +247,7 @@ def _dyn(value: Any) -> Any:
     return value
 
 
-# ----------------------------------------------------------------------------------------------------------
-# ------
+# ----------------------------------------------------------------------------------------------------
 # ext.Strings (version 2)
 
 
@@ -460,8 +457,7 @@ def _format_string(value: Any) -> str:
     return _to_string(value)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# ------
+# ----------------------------------------------------------------------------------------------------
 # Kubernetes lists library
 
 
@@ -516,8 +512,7 @@ def _extreme(function: str, pick_max: bool) -> Callable[[Any], Any]:
     return pick
 
 
-# ----------------------------------------------------------------------------------------------------------
-# ------
+# ----------------------------------------------------------------------------------------------------
 # ext.Lists (v3, without the optional-returning first/last)
 
 
@@ -581,8 +576,19 @@ def _lists_range(end: Any) -> list[int]:
     return list(range(max(0, end)))
 
 
-# ----------------------------------------------------------------------------------------------------------
-# ------
+# ----------------------------------------------------------------------------------------------------
+# DRA list attributes (DRAListTypeAttributes, alpha in 1.36)
+
+
+def _includes(target: Any, item: Any) -> bool:
+    """`x.includes(y)`: list membership, or equality for a single value. Like Kubernetes it looks at the first
+    48 list items only (ResourceSliceMaxAttributeValuesPerDevice)."""
+    if isinstance(target, list | tuple):
+        return any(cel_equal(element, item) for element in target[:48])
+    return cel_equal(target, item)
+
+
+# ----------------------------------------------------------------------------------------------------
 # ext.Sets
 
 
@@ -606,8 +612,7 @@ def _sets_intersects(a: Any, b: Any) -> bool:
     return any(any(cel_equal(x, y) for y in second) for x in first)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# ------
+# ----------------------------------------------------------------------------------------------------
 # Quantity and semver (Kubernetes libraries); compareTo / isLessThan / isGreaterThan serve both types
 
 
@@ -721,8 +726,7 @@ def _semver_part(function: str) -> Callable[[Any], int]:
     return part
 
 
-# ----------------------------------------------------------------------------------------------------------
-# ------
+# ----------------------------------------------------------------------------------------------------
 # The table
 
 
@@ -820,6 +824,8 @@ def _functions() -> dict[str, Function]:
         Function("reverse", (_m("list", "list"), _m("string", "string")), _reverse),
         Function("sort", (_m("list", "list"),), _sort),
         Function("lists.range", (_g("int", "list"),), _lists_range),
+        # DRA list attributes
+        Function("includes", (_m("dyn", "dyn", "bool"),), _includes),
         # ext.Sets
         Function("sets.contains", (_g("list", "list", "bool"),), _sets_contains),
         Function("sets.equivalent", (_g("list", "list", "bool"),), _sets_equivalent),

@@ -62,8 +62,7 @@ class Linter:
         self.claims: dict[tuple[str, str], Mapping[str, Any]] = {}
         self.templates: dict[tuple[str, str], Mapping[str, Any]] = {}
 
-    # --------------------------------------------------------------------------------------------------
-    # ----------
+    # ----------------------------------------------------------------------------------------------------
     def run(self) -> list[Finding]:
         objects = []
         for document in self.documents:
@@ -105,8 +104,7 @@ class Linter:
         label = f"{obj.get('kind')}/{self._name(obj) or '<unnamed>'}"
         self.findings.append(Finding(document.path, line or document.line, label, message, hint))
 
-    # --------------------------------------------------------------------------------------------------
-    # ----------
+    # ----------------------------------------------------------------------------------------------------
     def _check(self, document: Document) -> None:
         obj = document.obj
         kind = obj["kind"]
@@ -174,8 +172,7 @@ class Linter:
             namespace = str((obj.get("metadata") or {}).get("namespace") or "default")
             self._pod(document, template.get("spec") or {}, namespace)
 
-    # --------------------------------------------------------------------------------------------------
-    # ----------
+    # ----------------------------------------------------------------------------------------------------
     def _selectors(self, document: Document, selectors: Any, where: str) -> None:
         if selectors is None:
             return

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+from typing import Any
+
 from dra_gpu.allocator.pools import Node
 from tests.allocator.builders import (
     allocated,
@@ -26,7 +29,7 @@ A100_COUNTERS = {
 }
 
 
-def partitionable_node(node: str = "n1") -> list[dict]:
+def partitionable_node(node: str = "n1") -> list[dict[str, Any]]:
     """1.35+ shape: a counters-only slice, then the devices: the whole GPU and two half-GPU MIG devices."""
     whole = device(
         "gpu-0",
@@ -311,7 +314,7 @@ def test_consumable_capacity_rounding_default_and_sum() -> None:
     )
     [explanation] = run([claim("c", request)], slices)
     [allocation] = explanation.results
-    assert allocation.consumed_capacity == {"memory": 2 * 2**30, "compute": 50}
+    assert allocation.consumed_capacity == {"memory": Decimal(2 * 2**30), "compute": Decimal(50)}
     assert allocation.share_id is not None
     # Two shares of 30Gi do not fit in 40Gi; the second claim sees the first one's share.
     big = exactly("s", "gpu-share.nvidia.com", capacity={"requests": {"memory": "30Gi"}})
@@ -330,7 +333,7 @@ def test_consumable_capacity_rounding_default_and_sum() -> None:
     assert not second.allocatable
     # Not requested and no default: the whole capacity.
     [whole] = run([claim("c", exactly("s", "gpu-share.nvidia.com"))], slices)
-    assert whole.results[0].consumed_capacity == {"memory": 2**30, "compute": 100}
+    assert whole.results[0].consumed_capacity == {"memory": Decimal(2**30), "compute": Decimal(100)}
 
 
 def test_capacity_request_above_max_or_valid_values_fails() -> None:

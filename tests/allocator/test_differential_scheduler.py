@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.scheduler, pytest.mark.apiserver]
 
 DRIVER = f"diff-{uuid.uuid4().hex[:8]}.example.com"
 PREFIX = DRIVER.split(".")[0]
-CLASSES = [
+CLASSES: list[dict[str, Any]] = [
     {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
@@ -126,7 +126,7 @@ def build_objects(
                 )
             )
         slices.append(resource_slice(f"{name}-devices", name, devices, count=count, driver=DRIVER))
-    requests = []
+    requests: list[dict[str, Any]] = []
     for index, spec in enumerate(scenario["requests"]):
         body: dict[str, Any] = {"deviceClassName": f"{PREFIX}-{spec['kind']}", "count": spec["count"]}
         if spec["selector"] is not None:
@@ -134,7 +134,11 @@ def build_objects(
         if spec["tolerate"]:
             body["tolerations"] = [{"key": TAINT["key"], "operator": "Exists"}]
         if spec["fallback"]:
-            fallback = {"name": "fallback", "deviceClassName": f"{PREFIX}-{spec['fallback']}", "count": 1}
+            fallback: dict[str, Any] = {
+                "name": "fallback",
+                "deviceClassName": f"{PREFIX}-{spec['fallback']}",
+                "count": 1,
+            }
             requests.append({"name": f"r{index}", "firstAvailable": [{"name": "main", **body}, fallback]})
         else:
             requests.append({"name": f"r{index}", "exactly": body})
@@ -160,9 +164,12 @@ class Cluster:
         self.custom = client.CustomObjectsApi(api_client)
 
     def create_node(self, node: Node) -> None:
-        self.core.create_node(
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node.name, "labels": dict(node.labels)}}
-        )
+        body: Any = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node.name, "labels": dict(node.labels)},
+        }
+        self.core.create_node(body)
         capacity = {"cpu": "8", "memory": "32Gi", "pods": "110"}
         self.core.patch_node_status(
             node.name,
@@ -188,7 +195,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         unschedulable_since: float | None = None
         while time.monotonic() < deadline:
-            status = self.core.read_namespaced_pod(pod, "default")
+            status: Any = self.core.read_namespaced_pod(pod, "default")
             if status.spec.node_name:
                 return True
             conditions = status.status.conditions or []
@@ -262,28 +269,26 @@ def test_feasibility_agrees_with_kube_scheduler(cluster: Cluster, scenario: dict
             cluster.create("resourceslices", slice_obj)
         cluster.create("resourceclaims", claim, "default")
         time.sleep(1.0)  # let the scheduler's informers see the slices before the pod arrives
-        cluster.core.create_namespaced_pod(
-            "default",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": f"{example}-pod"},
-                "spec": {
-                    "nodeSelector": {"diff-example": example},
-                    "resourceClaims": [{"name": "c", "resourceClaimName": claim["metadata"]["name"]}],
-                    "containers": [
-                        {
-                            "name": "c",
-                            "image": "registry.k8s.io/pause:3.10",
-                            "resources": {"claims": [{"name": "c"}]},
-                        }
-                    ],
-                    "terminationGracePeriodSeconds": 0,
-                    # New Nodes are tainted not-ready (no kubelet here); node taints are not what we test.
-                    "tolerations": [{"operator": "Exists"}],
-                },
+        pod: Any = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{example}-pod"},
+            "spec": {
+                "nodeSelector": {"diff-example": example},
+                "resourceClaims": [{"name": "c", "resourceClaimName": claim["metadata"]["name"]}],
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "c"}]},
+                    }
+                ],
+                "terminationGracePeriodSeconds": 0,
+                # New Nodes are tainted not-ready (no kubelet here); node taints are not what we test.
+                "tolerations": [{"operator": "Exists"}],
             },
-        )
+        }
+        cluster.core.create_namespaced_pod("default", pod)
         theirs = cluster.scheduled(f"{example}-pod")
     finally:
         cluster.cleanup(example, slices, nodes)

@@ -36,6 +36,7 @@ DEVICE: dict[str, Any] = {
         "cudaComputeCapability": {"version": "8.0.0"},
         "numaNode": {"int": 0},
         "migCapable": {"bool": True},
+        "interconnects": {"strings": ["nvlink-0", "nvlink-1"]},
         "resource.kubernetes.io/pciBusID": {"string": "0000:07:00.0"},
     },
     "capacity": {
@@ -87,6 +88,11 @@ CASES: list[tuple[str, Any]] = [
     (f"{A}.all(k, k.size() > 0)", True),
     ("device.attributes.exists(d, d == 'resource.kubernetes.io')", True),
     ("size(device.attributes) == 2", True),
+    # --- list attributes and includes() (DRAListTypeAttributes, 1.36 alpha) ---
+    (f"{A}.interconnects.includes('nvlink-1')", True),
+    (f"{A}.interconnects.includes('nvlink-9')", False),
+    (f"{A}.type.includes('gpu')", True),
+    (f"{A}.interconnects.exists(i, i.startsWith('nvlink'))", True),
     # --- compile-time checks ---
     ("1 + 1", Compile("must evaluate to bool")),
     ("'abc'", Compile("must evaluate to bool")),

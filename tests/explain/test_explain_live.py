@@ -27,14 +27,14 @@ def test_explain_reads_slices_and_allocations_from_the_cluster(kube_apiserver: A
     api_client = kube_apiserver.api_client()
     custom = client.CustomObjectsApi(api_client)
     group = ("resource.k8s.io", "v1")
-    device_class = {
+    device_class: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": {"name": f"explain-{suffix}"},
         "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{driver}'"}}]},
     }
     slice_obj = resource_slice(f"{node}-0", node, [device("dev-0"), device("dev-1")], driver=driver)
-    held = {
+    held: dict[str, Any] = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": f"held-{suffix}", "namespace": "default"},
@@ -44,7 +44,7 @@ def test_explain_reads_slices_and_allocations_from_the_cluster(kube_apiserver: A
     }
     try:
         custom.create_cluster_custom_object(*group, "resourceslices", slice_obj)
-        created = custom.create_namespaced_custom_object(*group, "default", "resourceclaims", held)
+        created: Any = custom.create_namespaced_custom_object(*group, "default", "resourceclaims", held)
         created["status"] = {
             "allocation": {
                 "devices": {"results": [{"request": "r", "driver": driver, "pool": node, "device": "dev-0"}]}
