@@ -58,6 +58,8 @@ BRAND_NAMES = {
     15: "GeForceRTX",
     16: "TitanRTX",
 }
+# nvidia-smi's exit code for "the requested operation is not available on target device" (nvidia-smi(1)).
+SMI_RC_NOT_SUPPORTED = 3
 # CUDA cores per SM by compute capability: NVML reports cores (nvmlDeviceGetNumGpuCores), not SMs.
 _CORES_PER_SM_BY_MAJOR = {6: 64, 7: 64, 8: 64, 9: 128, 10: 128, 12: 128}
 _CORES_PER_SM_EXCEPTIONS = {(6, 1): 128, (6, 2): 128, (8, 6): 128, (8, 7): 128, (8, 9): 128}
@@ -462,25 +464,37 @@ class NvmlHardware:
             )
 
     def set_time_slice(self, gpu_uuid: str, interval: int) -> None:
-        """What NVIDIA's driver does: compute mode back to DEFAULT, then `compute-policy --set-timeslice`."""
+        """What NVIDIA's driver does: compute mode back to DEFAULT, then `compute-policy --set-timeslice`.
+
+        Some boards (Tesla P4) refuse the second step; nvidia-smi then exits 3, which becomes a HardwareError
+        with `nvml_code` NVML_ERROR_NOT_SUPPORTED so callers can tell "this GPU cannot" from "this failed".
+        """
         if not 0 <= interval <= 3:
             raise HardwareError(
                 f"GPU {gpu_uuid}: time-slice interval {interval} is not 0 (Default) .. 3 (Long)"
             )
         smi = os.path.join(self._driver_root, "usr", "bin", "nvidia-smi")
-        for args in (
-            ["-i", gpu_uuid, "-c", "DEFAULT"],
-            ["compute-policy", "-i", gpu_uuid, "--set-timeslice", str(interval)],
+        for action, args in (
+            ("set the compute mode to DEFAULT", ["-i", gpu_uuid, "-c", "DEFAULT"]),
+            (
+                f"set the time-slice interval to {interval}",
+                ["compute-policy", "-i", gpu_uuid, "--set-timeslice", str(interval)],
+            ),
         ):
             try:
                 done = self._run([smi, *args])
             except OSError as err:
                 raise HardwareError(f"GPU {gpu_uuid}: cannot run {smi}: {err}") from err
-            if done.returncode != 0:
-                output = (done.stderr or done.stdout).strip()
+            if done.returncode == 0:
+                continue
+            output = (done.stderr or done.stdout).strip()
+            command = f"'{smi} {' '.join(args)}' exited {done.returncode}: {output}"
+            if done.returncode == SMI_RC_NOT_SUPPORTED:
                 raise HardwareError(
-                    f"GPU {gpu_uuid}: '{smi} {' '.join(args)}' exited {done.returncode}: {output}"
+                    f"GPU {gpu_uuid}: cannot {action}: this GPU does not support it ({command})",
+                    nvml_code=getattr(self._nvml, "NVML_ERROR_NOT_SUPPORTED", None),
                 )
+            raise HardwareError(f"GPU {gpu_uuid}: cannot {action}: {command}")
 
 
 def _profile_name(info: Any) -> str:

@@ -18,12 +18,14 @@ import uuid
 from dataclasses import dataclass
 
 # NVML_DEVICE_ARCH_* values (pynvml constants, copied as plain ints so this module stays import-light)
+ARCH_PASCAL = 4
 ARCH_TURING = 6
 ARCH_AMPERE = 7
 ARCH_ADA = 8
 ARCH_HOPPER = 9
 
 ARCHITECTURE_NAMES = {
+    ARCH_PASCAL: "Pascal",
     ARCH_TURING: "Turing",
     ARCH_AMPERE: "Ampere",
     ARCH_ADA: "Ada Lovelace",
@@ -81,6 +83,10 @@ class GpuProfile:
     pci_device_id: int  # nvmlPciInfo_t.pciDeviceId (device << 16 | vendor 0x10de)
     nvlinks: int = 0  # NVLink links per GPU (A100: 12, H100/H200: 18); used only in NVSwitch layouts
     mig_profiles: tuple[MigProfileSpec, ...] = ()
+    # Whether `nvidia-smi compute-policy --set-timeslice` works on this board. A per-board fact, not an
+    # architecture cut-off: the Tesla P4 refuses it (NVIDIA DRA driver issues #41, #81, #363) while NVIDIA
+    # notes that other Pascal parts with compute preemption accept it.
+    supports_timeslice: bool = True
 
     @property
     def mig_capable(self) -> bool:
@@ -227,8 +233,22 @@ T4 = GpuProfile(
     pci_device_id=0x1EB810DE,
 )
 
+# Pascal GP104, PCIe, 75 W. 2560 CUDA cores at 128 per SM (compute capability 6.1) = 20 SMs. 8 GiB GDDR5,
+# of which current drivers report 7680 MiB as the total (older ones printed 7611 MiB). No MIG, no NVLink.
+P4 = GpuProfile(
+    key="p4",
+    product_name="Tesla P4",
+    brand=BRAND_TESLA,
+    architecture=ARCH_PASCAL,
+    cuda_compute_capability=(6, 1),
+    memory_mib=7680,
+    multiprocessors=20,
+    pci_device_id=0x1BB310DE,
+    supports_timeslice=False,
+)
+
 GPU_PROFILES: dict[str, GpuProfile] = {
-    p.key: p for p in (A100_40GB, A100_80GB, H100_80GB, H200_141GB, L40S, T4)
+    p.key: p for p in (A100_40GB, A100_80GB, H100_80GB, H200_141GB, L40S, T4, P4)
 }
 
 
@@ -294,6 +314,13 @@ NODE_LAYOUTS: dict[str, NodeLayout] = {
             "one Tesla T4 (cloud VM at 00:1e.0, no NUMA information)",
             (GpuSlot(T4, 0x00, "pci0000:00", None, None, pci_device=0x1E),),
             driver_version="535.183.01",
+            cuda_driver_version=12020,
+        ),
+        NodeLayout(
+            "single-p4",
+            "one Tesla P4, pre-Volta (cloud VM at 00:04.0, no NUMA information)",
+            (GpuSlot(P4, 0x00, "pci0000:00", None, None, pci_device=0x04),),
+            driver_version="535.216.01",  # R535 LTS: a branch that still supports Pascal
             cuda_driver_version=12020,
         ),
     )

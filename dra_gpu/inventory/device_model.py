@@ -16,7 +16,10 @@ What each GPU contributes:
   instances contributes nothing and a warning;
 - fractional share `gpu-<minor>-shared` (type `gpu-share`, `ModelOptions.fractional`) wherever the whole GPU
   is
-  published: `allowMultipleAllocations`, consumable `memory` and `compute` (percent of SMs).
+  published and the GPU is Volta (compute capability 7.0) or newer: `allowMultipleAllocations`, consumable
+  `memory` and `compute` (percent of SMs). Shares are enforced with MPS's per-client limits
+  (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`), which only Volta MPS has; on older
+  GPUs (Tesla P4) the share device is left out with a warning and only the whole GPU is published.
 
 Exclusion comes only from counters (set `gpu-<minor>-counter-set`): the whole GPU and the share device consume
 every
@@ -61,6 +64,8 @@ GIB = 1024 * 1024 * 1024
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 SHARE_COMPUTE_PERCENT = 100
+# Volta MPS: the first compute capability whose MPS enforces per-client SM and memory limits.
+MIN_SHARE_COMPUTE_CAPABILITY = (7, 0)
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,10 @@ def _publishes_whole_gpu(gpu: GpuInfo, options: ModelOptions) -> bool:
     if not gpu.mig_enabled:
         return True
     return options.dynamic_mig and gpu.mig_toggle_without_reset
+
+
+def _supports_shares(gpu: GpuInfo) -> bool:
+    return gpu.cuda_compute_capability >= MIN_SHARE_COMPUTE_CAPABILITY
 
 
 def _counter_set(gpu: GpuInfo, with_mig: bool) -> CounterSet:
@@ -179,7 +188,14 @@ def _gpu_devices(
     warnings: list[str] = []
     whole = _publishes_whole_gpu(gpu, options)
     dynamic = options.dynamic_mig and _dynamic_mig_possible(gpu)
-    share = whole and options.fractional
+    share = whole and options.fractional and _supports_shares(gpu)
+    if whole and options.fractional and not share:
+        major, minor = gpu.cuda_compute_capability
+        warnings.append(
+            f"GPU {gpu.minor} ({gpu.uuid}, {gpu.product_name}) has compute capability {major}.{minor}: "
+            f"fractional share device {naming.share_device_name(gpu.minor)} not published (MPS memory and "
+            "compute limits need Volta, 7.0, or newer); the whole GPU is published"
+        )
     counter_set = _counter_set(gpu, with_mig=dynamic) if (dynamic or share) else None
     common = _common_attributes(gpu, discovery)
     devices: list[Device] = []

@@ -166,14 +166,20 @@ def common_cgroup_root(paths: dict[str, str]) -> str:
 
 
 def cgroup_hierarchies() -> dict[str, Path]:
-    """Mount point of each v1 hierarchy under /sys/fs/cgroup, keyed by the controllers it carries."""
+    """Mount point of each cgroup hierarchy, keyed by the v1 controllers it carries (`unified` for v2).
+
+    The v2 hierarchy matters even on a v1 host: in hybrid mode kubelet and runc mirror their cgroups there.
+    """
     found: dict[str, Path] = {}
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
         fields = right.split()
-        if not fields or fields[0] != "cgroup":
+        if not fields or fields[0] not in {"cgroup", "cgroup2"}:
             continue
         mount_point = Path(left.split()[4])
+        if fields[0] == "cgroup2":
+            found["unified"] = mount_point
+            continue
         for opt in fields[2].split(","):
             if opt in {"rw", "ro"} or opt.startswith("relatime") or opt in {"nosuid", "nodev", "noexec"}:
                 continue
@@ -365,6 +371,7 @@ class Cluster:
         cgroup_root = f"{root.rstrip('/')}/{CGROUP_LEAF}"
         # kubelet insists that cgroupRoot exists in every hierarchy; create it (and cpuset's cpus/mems, which
         # a new cpuset cgroup starts without) under our own cgroup.
+        made: list[str] = []
         for controller, mount in cgroup_hierarchies().items():
             target = mount / cgroup_root.lstrip("/")
             created = []
@@ -374,11 +381,22 @@ class Cluster:
                 probe = probe.parent
             for path in reversed(created):
                 path.mkdir()
+                made.append(str(path))
                 if controller == "cpuset":
                     for f in ("cpuset.cpus", "cpuset.mems"):
                         (path / f).write_text((path.parent / f).read_text())
         (self.state / "cgroup-root").write_text(cgroup_root + "\n")
+        # Intermediate dirs we had to create (e.g. /process_api/X in the cpu hierarchy), removed by down().
+        record = self.state / "cgroup-created.json"
+        with contextlib.suppress(OSError, ValueError):
+            made = list(dict.fromkeys([*json.loads(record.read_text()), *made]))
+        record.write_text(json.dumps(made) + "\n")
         return cgroup_root
+
+    @property
+    def cgroup_root(self) -> str:
+        """kubelet's cgroupRoot for this cluster (recorded by up())."""
+        return (self.state / "cgroup-root").read_text().strip()
 
     def _pki(self) -> Any:
         assert self.plane is not None
@@ -578,12 +596,14 @@ class Cluster:
                     os.kill(int(pid_dir.name), signal.SIGKILL)
 
     def _unmount_all(self) -> None:
-        prefixes = tuple(str(p) + "/" for p in (STATE_DIR, RUN_DIR, KUBELET_DIR))
+        # kubelet bind-mounts its root dir onto itself (to make it shared), so the dirs themselves count too.
+        dirs = tuple(str(p) for p in (STATE_DIR, RUN_DIR, KUBELET_DIR))
+        prefixes = tuple(d + "/" for d in dirs)
         for _ in range(3):
             mounts = [
                 line.split()[4]
                 for line in Path("/proc/self/mountinfo").read_text().splitlines()
-                if line.split()[4].startswith(prefixes)
+                if line.split()[4].startswith(prefixes) or line.split()[4] in dirs
             ]
             if not mounts:
                 return
@@ -602,6 +622,12 @@ class Cluster:
             for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: len(w[0]), reverse=True):
                 with contextlib.suppress(OSError):
                     os.rmdir(dirpath)
+        record = self.state / "cgroup-created.json"
+        with contextlib.suppress(OSError, ValueError):
+            for path in sorted(json.loads(record.read_text()), key=len, reverse=True):
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+            record.unlink()
 
     def _remove_host_network(self) -> None:
         for hook in ("PREROUTING", "OUTPUT"):
@@ -681,12 +707,16 @@ state = "{run_dir / "containerd"}"
   enable_selinux = false
   disable_apparmor = true
   netns_mounts_under_state_dir = true
+  # This host withholds CAP_SYS_RESOURCE, so no process may lower its oom_score_adj (the sandbox default is
+  # -998); clamp every container's value to containerd's own instead of failing in runc's nsexec.
+  restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "{bin_path / "runc"}"
+        Root = "{run_dir / "runc"}"
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{bin_path / "cni"}"]
@@ -736,6 +766,8 @@ def kubelet_config(
         "kind": "KubeletConfiguration",
         # This host runs cgroup v1 (an empty v2 hierarchy beside it); 1.35+ kubelets refuse v1 by default.
         "failCgroupV1": False,
+        # Without CAP_SYS_RESOURCE (withheld here) kubelet cannot lower its own score to the default -999.
+        "oomScoreAdj": 0,
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": cgroup_root,
         "cgroupsPerQOS": True,

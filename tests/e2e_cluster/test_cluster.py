@@ -77,6 +77,9 @@ def test_busybox_pod_runs_to_completion(local_cluster: Any, namespace: tuple[Any
     assert pod.status.phase == "Succeeded", logs
     assert "hello from hello" in logs
     assert pod.spec.node_name == local_cluster.node_name
+    # Pod cgroups stay inside the cgroup of the process that started the cluster.
+    memory_line = next(line for line in logs.splitlines() if ":memory:" in line)
+    assert memory_line.split(":", 2)[2].startswith(local_cluster.cgroup_root + "/kubepods"), memory_line
 
 
 @pytest.fixture

@@ -62,8 +62,11 @@ def test_containerd_config_parses_and_points_cdi_and_cni_at_our_dirs() -> None:
     assert runtime["cni"]["bin_dirs"] == ["/b/cni"]
     assert runtime["containerd"]["runtimes"]["runc"]["options"] == {
         "BinaryName": "/b/runc",
+        "Root": "/r/runc",
         "SystemdCgroup": False,
     }
+    # No process here may lower its oom_score_adj (CAP_SYS_RESOURCE is withheld).
+    assert runtime["restrict_oom_score_adj"] is True
     assert config["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].startswith(
         "registry.local/"
     )

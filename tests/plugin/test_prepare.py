@@ -276,16 +276,22 @@ def test_sigterm_removes_sockets_and_exits_cleanly(
 def test_http_health_and_metrics(
     start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
 ) -> None:
+    import urllib.error
     import urllib.request
 
     from tests.support.control_plane import free_port
 
-    port = free_port()
-    start_plugin(http_port=port)
+    port, probe_port = free_port(), free_port()
+    process = start_plugin(http_port=port, extra_args=["--healthcheck-port", str(probe_port)])
     base = f"http://127.0.0.1:{port}"
-    for path in ("/healthz", "/readyz"):
-        with urllib.request.urlopen(base + path, timeout=10) as resp:
+    for url in (f"{base}/healthz", f"{base}/readyz", f"http://127.0.0.1:{probe_port}/healthz"):
+        with urllib.request.urlopen(url, timeout=10) as resp:
             assert resp.status == 200 and resp.read() == b"ok\n"
+    with pytest.raises(urllib.error.HTTPError) as not_there:  # the probe port serves no metrics
+        urllib.request.urlopen(f"http://127.0.0.1:{probe_port}/metrics", timeout=10)
+    assert not_there.value.code == 404
+    log_line = json.loads(process.log_path.read_text().splitlines()[0])  # structured JSON logs
+    assert {"event", "level", "timestamp"} <= set(log_line)
     kubelet = KubeletClient(node.registration_socket)
     claim = claim_id("metrics", claims.make("metrics", [Result("gpu", "gpu-0")]))
     kubelet.prepare([claim, ClaimId("metrics", "00000000-0000-0000-0000-00000000000f", "gone")])

@@ -27,6 +27,22 @@ from dra_gpu.hardware.simulator.state import SimState
 _COMPUTE_MODES = {"0": 0, "DEFAULT": 0, "2": 2, "PROHIBITED": 2, "3": 3, "EXCLUSIVE_PROCESS": 3}
 _COMPUTE_MODE_NAMES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 _TIMESLICE_NAMES = {0: "Default", 1: "Short", 2: "Medium", 3: "Long"}
+# nvidia-smi(1) RETURN VALUE: which exit code the real tool gives for an NVML failure.
+RC_NOT_SUPPORTED = 3  # "the requested operation is not available on target device"
+_RC_BY_NVML_ERROR = {
+    pynvml.NVML_ERROR_INVALID_ARGUMENT: 2,
+    pynvml.NVML_ERROR_NOT_SUPPORTED: RC_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_NO_PERMISSION: 4,
+    pynvml.NVML_ERROR_NOT_FOUND: 6,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: 13,
+    pynvml.NVML_ERROR_CORRUPTED_INFOROM: 14,
+    pynvml.NVML_ERROR_GPU_IS_LOST: 15,
+}
+RC_OTHER = 255
+
+
+def _exit_code_for(err: pynvml.NVMLError) -> int:
+    return _RC_BY_NVML_ERROR.get(getattr(err, "value", None), RC_OTHER)
 
 
 class UsageError(Exception):
@@ -120,6 +136,9 @@ class Smi:
             brand = {profiles.BRAND_TESLA: "Tesla", profiles.BRAND_NVIDIA: "NVIDIA"}.get(
                 profile.brand, "Unknown"
             )
+            timeslice = (
+                _TIMESLICE_NAMES.get(gstate.timeslice, "?") if profile.supports_timeslice else "N/A"
+            )
             out += [
                 f"GPU {gpu.pci_bus_id}",
                 f"    Product Name                          : {profile.product_name}",
@@ -138,7 +157,7 @@ class Smi:
                 f"        Total                             : {profile.memory_mib} MiB",
                 f"    Compute Mode                          : {_COMPUTE_MODE_NAMES[gstate.compute_mode]}",
                 "    Compute Policy",
-                f"        Timeslice                         : {_TIMESLICE_NAMES.get(gstate.timeslice, '?')}",
+                f"        Timeslice                         : {timeslice}",
                 f"    Numa Node                             : "
                 f"{'N/A' if gpu.slot.numa_node is None else gpu.slot.numa_node}",
                 f"    Compute Capability                    : {profile.cuda_compute_capability[0]}."
@@ -244,15 +263,23 @@ class Smi:
             lines.append(f"Compute mode set to {_COMPUTE_MODE_NAMES[mode].upper()} for GPU {gpu.pci_bus_id}.")
         return "\n".join(lines)
 
-    def set_timeslice(self, selected: list[profiles.SimulatedGpu], value: str) -> str:
+    def set_timeslice(self, selected: list[profiles.SimulatedGpu], value: str) -> tuple[int, str]:
+        """Boards whose profile says `supports_timeslice=False` (Tesla P4) refuse, as the real tool does:
+        a message per such GPU and exit code 3 ("operation not available on target device"); the other
+        selected GPUs are still changed."""
         if value not in ("0", "1", "2", "3"):
             raise UsageError(f"invalid timeslice {value!r}: 0 (default), 1 (short), 2 (medium), 3 (long)")
+        supported = [g for g in selected if g.profile.supports_timeslice]
         with self.nvml.store.transaction() as state:
-            for gpu in selected:
+            for gpu in supported:
                 state.gpus[gpu.index].timeslice = int(value)
-        return "\n".join(
-            f"Set timeslice to {_TIMESLICE_NAMES[int(value)]} for GPU {gpu.pci_bus_id}." for gpu in selected
-        )
+        lines = []
+        for gpu in selected:
+            if gpu.profile.supports_timeslice:
+                lines.append(f"Set timeslice to {_TIMESLICE_NAMES[int(value)]} for GPU {gpu.pci_bus_id}.")
+            else:
+                lines.append(f"Setting time slice is not supported for GPU {gpu.pci_bus_id}.")
+        return (0 if len(supported) == len(selected) else RC_NOT_SUPPORTED), "\n".join(lines)
 
     def set_mig_mode(self, selected: list[profiles.SimulatedGpu], value: str) -> str:
         lines = []
@@ -282,7 +309,7 @@ def run(argv: Sequence[str], nvml: SimulatedNvml) -> tuple[int, str]:
         value = _option(args, "--set-timeslice")
         if value is None or args:
             raise UsageError("usage: nvidia-smi compute-policy -i <id> --set-timeslice <0-3>")
-        return 0, smi.set_timeslice(target, value)
+        return smi.set_timeslice(target, value)
     if args and args[0] == "mig":
         args.pop(0)
         target = smi.select(_option(args, "-i", "--id"))
@@ -329,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except pynvml.NVMLError as err:
         print(f"Failed: {err}", file=sys.stderr)
-        return 3
+        return _exit_code_for(err)
     except Exception as err:  # the state file is missing or unreadable: say so like the real tool would fail
         print(
             f"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver: {err}",

@@ -49,6 +49,7 @@ _CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}
 _CI_SIZES_FOR_GI = {1: (1,), 2: (1, 2), 3: (1, 2, 3), 4: (1, 2, 4), 7: (1, 2, 3, 4, 7)}
 MAX_MIG_DEVICES = 7
 _CORES_PER_SM = {
+    profiles.ARCH_PASCAL: 128,  # GP10x with compute capability 6.1 (the only Pascal profile); GP100 has 64
     profiles.ARCH_TURING: 64,
     profiles.ARCH_AMPERE: 64,
     profiles.ARCH_ADA: 128,
