@@ -115,6 +115,9 @@ class PreparedGroup:
     state: Mapping[str, Any]
     # device name -> MIG instance created for it ({"parentUUID", "giID", "ciID", ...}); owned by the claim
     mig_instances: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # The group's container edits as written into the CDI spec (`dra_gpu.cdi.edits_json`), so the spec can be
+    # rebuilt from the checkpoint alone; None in entries written before this field existed.
+    cdi_edits: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> JsonDict:
@@ -122,15 +125,19 @@ class PreparedGroup:
         out.update(devices=list(self.devices), state=copy.deepcopy(dict(self.state)))
         if self.mig_instances:
             out["migInstances"] = copy.deepcopy({k: dict(v) for k, v in self.mig_instances.items()})
+        if self.cdi_edits is not None:
+            out["cdiEdits"] = copy.deepcopy(dict(self.cdi_edits))
         return out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> PreparedGroup:
+        edits = raw.get("cdiEdits")
         return cls(
             devices=tuple(str(d) for d in raw.get("devices", ())),
             state=dict(raw.get("state") or {}),
             mig_instances={str(k): dict(v) for k, v in (raw.get("migInstances") or {}).items()},
-            extra={k: v for k, v in raw.items() if k not in {"devices", "state", "migInstances"}},
+            cdi_edits=dict(edits) if edits is not None else None,
+            extra={k: v for k, v in raw.items() if k not in {"devices", "state", "migInstances", "cdiEdits"}},
         )
 
 

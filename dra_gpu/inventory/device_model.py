@@ -18,8 +18,8 @@ What each GPU contributes:
   is
   published and the GPU is Volta (compute capability 7.0) or newer: `allowMultipleAllocations`, consumable
   `memory` and `compute` (percent of SMs). Shares are enforced with MPS's per-client limits
-  (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`), which only Volta MPS has; on older
-  GPUs (Tesla P4) the share device is left out with a warning and only the whole GPU is published.
+  (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`), which only Volta MPS has; on
+  older GPUs (Tesla P4) the share device is left out with a warning and only the whole GPU is published.
 
 Exclusion comes only from counters (set `gpu-<minor>-counter-set`): the whole GPU and the share device consume
 every

@@ -25,6 +25,7 @@ from typing import Any
 import structlog
 
 from dra_gpu.cdi.driver_discovery import MigCapabilityError, mig_capability_minors
+from dra_gpu.cdi.edits_json import edits_from_json, edits_to_json
 from dra_gpu.cdi.spec_builder import (
     ClaimDevice,
     DriverEdits,
@@ -181,6 +182,7 @@ class PrepareService:
         device_model: Callable[[], DeviceModel],
         driver_edits: DriverEdits,
         driver_root: str,
+        container_driver_root: str | None = None,
         driver_name: str = DRIVER_NAME,
         pool_name: str | None = None,
         metrics: PluginMetrics | None = None,
@@ -195,7 +197,9 @@ class PrepareService:
         self.sharing = sharing
         self.device_model = device_model
         self.driver_edits = driver_edits
-        self.driver_root = driver_root
+        self.driver_root = driver_root  # on the host: what CDI specs name
+        # The same files as this process sees them (NVIDIA's chart mounts the host's root at /driver-root).
+        self.container_driver_root = container_driver_root or driver_root
         self.metrics = metrics or PluginMetrics()
         self.faults = faults or FaultPoints()
         self._started = threading.Event()
@@ -239,9 +243,41 @@ class PrepareService:
     def _completed_answer(self, ref: ClaimRef) -> PrepareOutcome | None:
         with self._locked(ref):
             entry = self._read(ref).claims.get(ref.uid)
-        if entry is not None and entry.phase is ClaimPhase.PREPARE_COMPLETED:
-            return _answer_from_entry(entry)
-        return None
+            if entry is None or entry.phase is not ClaimPhase.PREPARE_COMPLETED:
+                return None
+            self._repair_cdi_spec(ref, entry)
+        return _answer_from_entry(entry)
+
+    def _repair_cdi_spec(self, ref: ClaimRef, entry: ClaimEntry) -> None:
+        """A completed claim whose CDI spec is gone (deleted by hand, a CDI root on a tmpfs that was cleared):
+        the runtime could not start its containers, so write the spec again from the checkpoint. Raises
+        ClaimError when that is impossible (a device the node no longer has)."""
+        if self.cdi.has_spec(ref.uid):
+            return
+        by_name = self.device_model().by_name()
+        missing = [d.device for d in entry.devices if d.device not in by_name]
+        if missing:
+            raise ClaimError(
+                "cdi",
+                f"claim {ref}: CDI spec {self.cdi.path_for(ref.uid)} is missing and cannot be rebuilt: node "
+                f"{self.node_name} no longer has device(s) {', '.join(missing)} (delete and recreate the claim)",
+            )
+        edits: dict[str, CdiEdits] = {}
+        mig_ids: dict[str, tuple[int, int, str]] = {}
+        try:
+            for group in entry.groups:
+                # Entries written before `cdiEdits` existed: the sharing manager's state has the same shape.
+                group_edits = edits_from_json(group.cdi_edits or group.state.get("edits") or {})
+                for name in group.devices:
+                    edits.setdefault(name, group_edits)
+                for name, mig in group.mig_instances.items():
+                    mig_ids[name] = (int(mig["giID"]), int(mig["ciID"]), str(mig.get("uuid") or ""))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClaimError(
+                "checkpoint", f"claim {ref}: CDI spec missing, and its checkpoint entry is malformed ({exc!r})"
+            ) from exc
+        log.warning("CDI spec of a prepared claim is missing; rewriting it", claim=str(ref))
+        self._write_spec(ref, [by_name[d.device] for d in entry.devices], edits, mig_ids)
 
     def _read(self, ref: ClaimRef) -> Checkpoint:
         try:
@@ -431,22 +467,18 @@ class PrepareService:
                     devices=tuple(a.device.name for a in members),
                     state=dict(result.state),
                     mig_instances={k: _mig_json(v) for k, v in result.mig_instances.items()},
+                    cdi_edits=edits_to_json(result.edits),
                 ),
             )
             checkpoint.claims[ref.uid] = entry
             self._write(ref, checkpoint)
             self.faults.reached(f"prepare-group-{group_index}")
 
-        spec = build_claim_spec(
-            ref.uid,
-            f"{ref.namespace}/{ref.name}",
-            self._claim_devices(ref, allocations, group_edits, created_mig),
-            self.driver_edits,
-        )
-        try:
-            self.cdi.write(ref.uid, spec)
-        except (CdiWriteError, CdiSpecError) as exc:
-            raise ClaimError("cdi", f"claim {ref}: {exc}") from exc
+        edits_by_name: dict[str, CdiEdits] = {}
+        for index in sorted(group_edits):  # a device in two requests: the edits of its first one
+            edits_by_name.setdefault(allocations[index].device.name, group_edits[index])
+        mig_ids = {name: (m.gi_id, m.ci_id, m.uuid) for name, m in created_mig.items()}
+        self._write_spec(ref, [a.device for a in allocations], edits_by_name, mig_ids)
         self.faults.reached("prepare-cdi-written")
 
         completed = ClaimEntry(
@@ -473,24 +505,45 @@ class PrepareService:
         self.faults.reached("prepare-completed")
         return _answer_from_entry(completed)
 
+    def _write_spec(
+        self,
+        ref: ClaimRef,
+        devices: Sequence[Device],
+        edits: Mapping[str, CdiEdits],
+        mig_ids: Mapping[str, tuple[int, int, str]],
+    ) -> None:
+        """Build and write the claim's CDI spec. `edits`: device name -> its group's edits; `mig_ids`: device
+        name -> (gi id, ci id, uuid) of the MIG instances created for the claim."""
+        spec = build_claim_spec(
+            ref.uid,
+            f"{ref.namespace}/{ref.name}",
+            self._claim_devices(ref, devices, edits, mig_ids),
+            self.driver_edits,
+        )
+        try:
+            self.cdi.write(ref.uid, spec)
+        except (CdiWriteError, CdiSpecError) as exc:
+            raise ClaimError("cdi", f"claim {ref}: {exc}") from exc
+
     def _claim_devices(
         self,
         ref: ClaimRef,
-        allocations: Sequence[_Allocation],
-        group_edits: Mapping[int, CdiEdits],
-        created_mig: Mapping[str, MigInstance],
+        allocated: Sequence[Device],
+        edits: Mapping[str, CdiEdits],
+        mig_ids: Mapping[str, tuple[int, int, str]],
     ) -> list[ClaimDevice]:
         devices: dict[str, ClaimDevice] = {}
-        for index, alloc in enumerate(allocations):
-            device = alloc.device
+        for device in allocated:
             if device.name in devices:
                 continue  # the same shared device in two requests: one CDI device
+            # Device nodes carry host paths (the runtime reads the spec on the host); capability files are
+            # read here, inside the plugin's container.
             nodes = gpu_device_nodes(self.driver_root, device.parent_minor)
             uuids: tuple[str, ...] = (device.parent_uuid,)
             if device.kind in (DeviceKind.MIG_STATIC, DeviceKind.MIG_DYNAMIC):
-                gi_ci = self._mig_ids(ref, device, created_mig)
+                gi_ci = self._mig_ids(ref, device, mig_ids)
                 try:
-                    caps = mig_capability_minors(self.driver_root, device.parent_minor, *gi_ci[:2])
+                    caps = mig_capability_minors(self.container_driver_root, device.parent_minor, *gi_ci[:2])
                 except MigCapabilityError as exc:
                     raise ClaimError("cdi", f"claim {ref}: device {device.name}: {exc}") from exc
                 nodes = nodes + mig_capability_nodes(self.driver_root, caps)
@@ -499,15 +552,17 @@ class PrepareService:
                 name=device.name,
                 uuids=uuids,
                 device_nodes=nodes,
-                group_edits=group_edits.get(index, CdiEdits()),
+                group_edits=edits.get(device.name, CdiEdits()),
             )
         return list(devices.values())
 
     @staticmethod
-    def _mig_ids(ref: ClaimRef, device: Device, created: Mapping[str, MigInstance]) -> tuple[int, int, str]:
-        instance = created.get(device.name)
-        if instance is not None:
-            return instance.gi_id, instance.ci_id, instance.uuid
+    def _mig_ids(
+        ref: ClaimRef, device: Device, created: Mapping[str, tuple[int, int, str]]
+    ) -> tuple[int, int, str]:
+        ids = created.get(device.name)
+        if ids is not None:
+            return ids
         mig = device.mig
         if mig is None or mig.gi_id is None or mig.ci_id is None:
             raise ClaimError(
@@ -598,7 +653,8 @@ class PrepareService:
     # ------------------------------------------------------------------------------------ start-up and GC
 
     def start(self) -> None:
-        """Clean up after a crash or reboot: unowned MIG instances, CDI files of claims no longer prepared."""
+        """Clean up after a crash or reboot: unowned MIG instances, MPS daemons (unowned ones stopped, needed
+        ones restarted), CDI files of claims no longer prepared."""
         with self.checkpoints.locked():
             checkpoint = self.checkpoints.read()
             if checkpoint.previous_boot_claims:
@@ -615,11 +671,31 @@ class PrepareService:
                 destroyed = []
             if destroyed:
                 log.info("destroyed MIG instances no claim owns", instances=destroyed)
+            self._recover_mps([g.state for e in checkpoint.claims.values() for g in e.groups])
             for uid in self.cdi.claim_uids() - set(checkpoint.claims):
                 log.info("removing leftover CDI spec", claim_uid=uid)
                 self.cdi.remove(uid)
             self._update_gauges(checkpoint)
         self._started.set()
+
+    def _recover_mps(self, states: Sequence[Mapping[str, Any]]) -> None:
+        """MPS daemons after a restart: stop the ones no group owns (a crash between starting one and
+        checkpointing its group), then restart the ones prepared claims still use but that died with the
+        plugin's container. Failures are logged, not fatal: containers of other claims still need serving."""
+        try:
+            stopped = self.sharing.stop_unowned_mps(states)
+        except Exception as exc:
+            log.error("stopping leftover MPS daemons failed", error=str(exc))
+            stopped = []
+        if stopped:
+            log.info("stopped MPS daemons no claim owns", daemons=stopped)
+        try:
+            revived = self.sharing.revive_mps(states)
+        except Exception as exc:
+            log.error("restarting MPS daemons of prepared claims failed", error=str(exc))
+            revived = []
+        if revived:
+            log.info("restarted MPS daemons of prepared claims", daemons=revived)
 
     def cleanup_stale_claims(self) -> list[str]:
         """Unprepare `PrepareStarted` claims whose ResourceClaim is gone or replaced. Returns their UIDs."""

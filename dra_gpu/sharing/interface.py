@@ -8,7 +8,7 @@ so the undo works after a plugin restart.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -78,4 +78,15 @@ class SharingManager(Protocol):
 
     def destroy_unowned_mig(self, owned: set[tuple[str, int, int]]) -> list[str]:
         """At start-up: destroy MIG instances (parent uuid, gi id, ci id) that no checkpointed claim owns."""
+        ...
+
+    def stop_unowned_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> list[str]:
+        """At start-up: stop MPS daemons that no checkpointed group state (nor a shared GPU) owns.
+
+        Returns the ids of the daemons stopped."""
+        ...
+
+    def revive_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> list[str]:
+        """At start-up: restart in place the MPS daemons the checkpointed group states still need but that no
+        longer answer. Returns the ids restarted."""
         ...

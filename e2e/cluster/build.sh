@@ -28,6 +28,9 @@ export GOFLAGS="-mod=mod -buildvcs=false -trimpath"
 NICE=(nice -n 10)
 
 log() { echo "[build] $*" >&2; }
+# Microsecond clock (bash 5 EPOCHREALTIME); since T0 prints seconds with 2 decimals.
+now_us() { echo "${EPOCHREALTIME/./}"; }
+since() { local d=$(( $(now_us) - $1 )); printf '%d.%02d' $((d / 1000000)) $(((d % 1000000) / 10000)); }
 die() { echo "[build] ERROR: $*" >&2; exit 1; }
 
 BUILT=0  # components actually compiled in this run (0: every stamp was current, a "warm" run)
@@ -159,11 +162,11 @@ build_k8s() { # binaries...
     ldflags="$(k8s_ldflags)"
     for b in "${todo[@]}"; do
         log "$b $KUBERNETES_VERSION ..."
-        local t0=$SECONDS
+        local t0; t0=$(now_us)
         (cd "$src" && CGO_ENABLED=0 run_logged "$b" "${NICE[@]}" go build -ldflags "$ldflags" -o "$BIN/$b" "./cmd/$b")
         write_stamp "$b" "$KUBERNETES_VERSION cgo0"
-        log "$b $KUBERNETES_VERSION done in $((SECONDS - t0))s"
-        record_time "$b" "$KUBERNETES_VERSION" build_s "$((SECONDS - t0))"
+        log "$b $KUBERNETES_VERSION done in $(since "$t0")s"
+        record_time "$b" "$KUBERNETES_VERSION" build_s "$(since "$t0")"
     done
 }
 
@@ -171,12 +174,12 @@ build_k8s() { # binaries...
 build_etcd() {
     if stamp_ok etcd "$ETCD_VERSION cgo0" etcd; then log "etcd $ETCD_VERSION up to date"; return 0; fi
     log "etcd $ETCD_VERSION ..."
-    local t0=$SECONDS src
+    local t0 src; t0=$(now_us)
     src="$(writable_source go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION")"
     (cd "$src" && CGO_ENABLED=0 run_logged etcd "${NICE[@]}" go build -ldflags "-s -w" -o "$BIN/etcd" .)
     write_stamp etcd "$ETCD_VERSION cgo0"
-    log "etcd $ETCD_VERSION done in $((SECONDS - t0))s"
-    record_time etcd "$ETCD_VERSION" build_s "$((SECONDS - t0))"
+    log "etcd $ETCD_VERSION done in $(since "$t0")s"
+    record_time etcd "$ETCD_VERSION" build_s "$(since "$t0")"
 }
 
 # ----------------------------------------------------------------------------------------- containerd
@@ -186,7 +189,7 @@ build_containerd() {
         log "containerd $CONTAINERD_VERSION up to date"; return 0
     fi
     log "containerd $CONTAINERD_VERSION ..."
-    local t0=$SECONDS src
+    local t0 src; t0=$(now_us)
     src="$(writable_source github.com/containerd/containerd/v2 "$CONTAINERD_VERSION" "$CONTAINERD_VERSION")"
     local ld="-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
     ld+=" -X github.com/containerd/containerd/v2/version.Revision=module-proxy"
@@ -196,8 +199,8 @@ build_containerd() {
             -tags "no_btrfs no_devmapper no_zfs" -ldflags "$ld" -o "$BIN/$c" "./cmd/$c")
     done
     write_stamp containerd "$recipe"
-    log "containerd $CONTAINERD_VERSION done in $((SECONDS - t0))s"
-    record_time containerd "$CONTAINERD_VERSION" build_s "$((SECONDS - t0))"
+    log "containerd $CONTAINERD_VERSION done in $(since "$t0")s"
+    record_time containerd "$CONTAINERD_VERSION" build_s "$(since "$t0")"
 }
 
 # ------------------------------------------------------------------------------------------------- runc
@@ -208,13 +211,13 @@ build_runc() {
     local recipe="$RUNC_VERSION cgo1 tags=$tags"
     if stamp_ok runc "$recipe" runc; then log "runc $RUNC_VERSION up to date"; return 0; fi
     log "runc $RUNC_VERSION (tags: ${tags:-none}) ..."
-    local t0=$SECONDS src
+    local t0 src; t0=$(now_us)
     src="$(writable_source github.com/opencontainers/runc "$RUNC_VERSION" "$RUNC_VERSION")"
     (cd "$src" && CGO_ENABLED=1 run_logged runc "${NICE[@]}" go build -tags "$tags" \
         -ldflags "-s -w -X main.version=${RUNC_VERSION#v} -X main.gitCommit=module-proxy" -o "$BIN/runc" .)
     write_stamp runc "$recipe"
-    log "runc $RUNC_VERSION done in $((SECONDS - t0))s"
-    record_time runc "$RUNC_VERSION" build_s "$((SECONDS - t0))"
+    log "runc $RUNC_VERSION done in $(since "$t0")s"
+    record_time runc "$RUNC_VERSION" build_s "$(since "$t0")"
 }
 
 # ------------------------------------------------------------------------------------------ CNI plugins
@@ -226,7 +229,7 @@ build_cni() {
         log "cni plugins $CNI_PLUGINS_VERSION up to date"; return 0
     fi
     log "cni plugins $CNI_PLUGINS_VERSION ..."
-    local t0=$SECONDS src
+    local t0 src; t0=$(now_us)
     src="$(writable_source github.com/containernetworking/plugins "$CNI_PLUGINS_VERSION" "$CNI_PLUGINS_VERSION")"
     mkdir -p "$BIN/cni"
     for p in "${CNI_PLUGINS[@]}"; do
@@ -234,8 +237,8 @@ build_cni() {
             -o "$BIN/cni/${p#*/}" "./plugins/$p")
     done
     write_stamp cni "$CNI_PLUGINS_VERSION cgo0 ${CNI_PLUGINS[*]}"
-    log "cni plugins $CNI_PLUGINS_VERSION done in $((SECONDS - t0))s"
-    record_time cni-plugins "$CNI_PLUGINS_VERSION" build_s "$((SECONDS - t0))"
+    log "cni plugins $CNI_PLUGINS_VERSION done in $(since "$t0")s"
+    record_time cni-plugins "$CNI_PLUGINS_VERSION" build_s "$(since "$t0")"
 }
 
 # ------------------------------------------------------------------------------------------------- helm
@@ -243,13 +246,13 @@ build_helm() {
     local major="${HELM_VERSION%%.*}"
     if stamp_ok helm "$HELM_VERSION cgo0" helm; then log "helm $HELM_VERSION up to date"; return 0; fi
     log "helm $HELM_VERSION ..."
-    local t0=$SECONDS src
+    local t0 src; t0=$(now_us)
     src="$(writable_source "helm.sh/helm/$major" "$HELM_VERSION" "$HELM_VERSION")"
     (cd "$src" && CGO_ENABLED=0 run_logged helm "${NICE[@]}" go build \
         -ldflags "-s -w -X helm.sh/helm/$major/internal/version.version=$HELM_VERSION" -o "$BIN/helm" ./cmd/helm)
     write_stamp helm "$HELM_VERSION cgo0"
-    log "helm $HELM_VERSION done in $((SECONDS - t0))s"
-    record_time helm "$HELM_VERSION" build_s "$((SECONDS - t0))"
+    log "helm $HELM_VERSION done in $(since "$t0")s"
+    record_time helm "$HELM_VERSION" build_s "$(since "$t0")"
 }
 
 # ------------------------------------------------------------------------------------------------- main
@@ -257,9 +260,9 @@ main() {
     (($#)) || set -- control-plane
     command -v go >/dev/null || die "go is not installed (need go >= 1.26 for Kubernetes $KUBERNETES_VERSION)"
     mkdir -p "$BIN" "$SRC"
-    local t0=$SECONDS target
+    local t0 target; t0=$(now_us)
     for target in "$@"; do
-        local t_target=$SECONDS built_before=$BUILT
+        local t_target built_before=$BUILT; t_target=$(now_us)
         case "$target" in
             control-plane) locked etcd build_etcd; locked k8s build_k8s kube-apiserver ;;
             node) locked k8s build_k8s kubelet; locked containerd build_containerd; locked runc build_runc
@@ -275,9 +278,9 @@ main() {
         # cold_s: this target compiled something; warm_s: every stamp was current.
         local kind=warm_s
         ((BUILT > built_before)) && kind=cold_s
-        record_time "$target" "$KUBERNETES_VERSION" "$kind" "$((SECONDS - t_target))" targets
+        record_time "$target" "$KUBERNETES_VERSION" "$kind" "$(since "$t_target")" targets
     done
-    log "binaries in $BIN ($((SECONDS - t0))s)"
+    log "binaries in $BIN ($(since "$t0")s)"
 }
 
 main "$@"

@@ -218,10 +218,11 @@ class Cluster:
     def containerd_sock(self) -> Path:
         return RUN_DIR / "containerd.sock"
 
-    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def ctr(self, *args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess[str]:
         return run(
             [str(self.bin / "ctr"), "--address", str(self.containerd_sock), "-n", "k8s.io", *args],
             check=check,
+            quiet=quiet,
         )
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
@@ -448,7 +449,7 @@ class Cluster:
         log("starting containerd")
         proc = self._spawn("containerd", [str(self.bin / "containerd"), "--config", str(config)], env=env)
         wait_until(
-            lambda: self.ctr("version", check=False).returncode == 0,
+            lambda: self.ctr("version", check=False, quiet=True).returncode == 0,
             what="containerd socket",
             timeout=60,
             watch=[proc],
@@ -562,6 +563,9 @@ class Cluster:
         self._remove_cgroups()
         self._remove_host_network()
         self._restore_kernel_tunables()
+        # libcni caches each attachment's result host-wide; drop ours.
+        for cached in Path("/var/lib/cni/results").glob("drae2e-*"):
+            cached.unlink(missing_ok=True)
         with contextlib.suppress(FileNotFoundError):
             self.pids_file.unlink()
         if self.plane:
@@ -745,6 +749,8 @@ def cni_conflist() -> dict[str, Any]:
                     "type": "host-local",
                     "ranges": [[{"subnet": POD_CIDR}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
+                    # Address leases live with the cluster's state, not in the host-wide /var/lib/cni.
+                    "dataDir": str(STATE_DIR / "cni" / "ipam"),
                 },
             },
             {"type": "portmap", "capabilities": {"portMappings": True}},

@@ -221,4 +221,61 @@ def test_hardware_cli_lists_profiles() -> None:
         "h200-141gb",
         "l40s",
         "t4",
+        "p4",
+        "single-p4",
     } <= names
+
+
+def test_tesla_p4_discovery(root: Path) -> None:
+    result = open_hardware("single-p4", str(root)).discover()
+    assert result.errors == () and len(result.gpus) == 1
+    assert (result.driver_version, result.cuda_driver_version) == ("535.216.01", (12, 2))
+    gpu = result.gpus[0]
+    assert (gpu.product_name, gpu.brand, gpu.architecture, gpu.cuda_compute_capability) == (
+        "Tesla P4",
+        "Tesla",
+        "Pascal",
+        (6, 1),
+    )
+    # 2560 CUDA cores at 128 per SM: the core count NVML reports must come back as 20 SMs
+    assert (gpu.multiprocessors, gpu.memory_bytes) == (20, 7680 * 2**20)
+    assert (gpu.pci_bus_id, gpu.numa_node, gpu.interconnect) == ("0000:00:04.0", None, None)
+    assert not gpu.mig_capable and not gpu.mig_enabled and gpu.mig_profiles == ()
+    smi = str(root / "usr/bin/nvidia-smi")
+    query = subprocess.run([smi, "-q"], capture_output=True, text=True, check=True).stdout
+    assert "Device Id                         : 0x1BB310DE" in query
+    assert "Product Architecture                  : Pascal" in query
+    assert "Timeslice                         : N/A" in query
+
+
+def test_time_slice_on_tesla_p4_fails_as_on_the_real_card(root: Path) -> None:
+    hw = open_hardware("p4", str(root))
+    uuid = hw.discover().gpus[0].uuid
+    smi = str(root / "usr/bin/nvidia-smi")
+    done = subprocess.run(
+        [smi, "compute-policy", "-i", uuid, "--set-timeslice", "1"], capture_output=True, text=True
+    )
+    assert done.returncode == 3
+    assert done.stdout.strip() == "Setting time slice is not supported for GPU 00000000:01:00.0."
+    with pytest.raises(HardwareError, match=rf"GPU {uuid}: cannot set the time-slice interval to 3") as err:
+        hw.set_time_slice(uuid, 3)
+    assert "this GPU does not support it" in str(err.value)
+    assert "Setting time slice is not supported for GPU 00000000:01:00.0" in str(err.value)
+    assert err.value.nvml_code == pynvml.NVML_ERROR_NOT_SUPPORTED
+    state = StateStore(root / "var/lib/nvml-sim/state.json").read()
+    assert state.gpus[0].timeslice == 0
+    hw.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)  # compute mode itself works on a P4
+    assert hw.get_compute_mode(uuid) == ComputeMode.EXCLUSIVE_PROCESS
+
+
+def test_time_slice_failure_that_is_not_unsupported(root: Path) -> None:
+    """A lost GPU is not "unsupported": nvidia-smi's exit code tells them apart, and so does the error."""
+    hw = open_hardware("t4", str(root))
+    uuid = hw.discover().gpus[0].uuid
+    with StateStore(root / "var/lib/nvml-sim/state.json").transaction() as state:
+        state.faults.append(Fault(0, "nvmlDeviceSetComputeMode", pynvml.NVML_ERROR_GPU_IS_LOST))
+    with pytest.raises(
+        HardwareError, match=rf"GPU {uuid}: cannot set the compute mode to DEFAULT: .*exited 15"
+    ) as err:
+        hw.set_time_slice(uuid, 1)
+    assert err.value.nvml_code is None and "does not support" not in str(err.value)

@@ -3,6 +3,7 @@ counters."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import shutil
 import tempfile
@@ -239,3 +240,31 @@ def test_naming_round_trip() -> None:
 )
 def test_driver_version_as_semver(raw: str, expected: str) -> None:
     assert semver(raw) == expected
+
+
+def test_pre_volta_gpu_gets_no_share_device(root: Path) -> None:
+    """Fractional shares are enforced by Volta MPS limits: a Tesla P4 (6.1) publishes only the whole GPU."""
+    _, discovery = _discover(root, "single-p4")
+    model = build_device_model(discovery, ModelOptions(dynamic_mig=True, fractional=True))
+    assert [(d.name, d.kind) for d in model.devices] == [("gpu-0", DeviceKind.GPU)]
+    gpu = model.devices[0]
+    assert gpu.consumes_counters == () and model.counter_sets == ()  # nothing else shares it
+    assert (gpu.attributes["architecture"].value, gpu.attributes["cudaComputeCapability"].value) == (
+        "Pascal",
+        "6.1.0",
+    )
+    assert {k: c.value for k, c in gpu.capacity.items()} == {"memory": 7680 * 2**20, "multiprocessors": 20}
+    assert len(model.warnings) == 1
+    assert "gpu-0-shared not published" in model.warnings[0] and "6.1" in model.warnings[0]
+    assert "Tesla P4" in model.warnings[0] and discovery.gpus[0].uuid in model.warnings[0]
+    assert build_device_model(discovery, ModelOptions(fractional=False)).warnings == ()  # not asked: no noise
+
+
+@pytest.mark.parametrize(("capability", "shared"), [((6, 2), False), ((7, 0), True)])
+def test_share_device_needs_volta(root: Path, capability: tuple[int, int], shared: bool) -> None:
+    """The cut-off is compute capability 7.0 (Volta), whatever the board is called."""
+    _, discovery = _discover(root, "single-p4")
+    gpu = dataclasses.replace(discovery.gpus[0], cuda_compute_capability=capability)
+    model = build_device_model(dataclasses.replace(discovery, gpus=(gpu,)))
+    assert ("gpu-0-shared" in model.by_name()) is shared
+    assert (model.warnings == ()) is shared

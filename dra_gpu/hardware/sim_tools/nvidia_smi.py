@@ -136,9 +136,7 @@ class Smi:
             brand = {profiles.BRAND_TESLA: "Tesla", profiles.BRAND_NVIDIA: "NVIDIA"}.get(
                 profile.brand, "Unknown"
             )
-            timeslice = (
-                _TIMESLICE_NAMES.get(gstate.timeslice, "?") if profile.supports_timeslice else "N/A"
-            )
+            timeslice = _TIMESLICE_NAMES.get(gstate.timeslice, "?") if profile.supports_timeslice else "N/A"
             out += [
                 f"GPU {gpu.pci_bus_id}",
                 f"    Product Name                          : {profile.product_name}",
