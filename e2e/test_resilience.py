@@ -140,7 +140,7 @@ def test_plugin_killed_during_pod_startup_then_pod_comes_up(
     claim_obj = kubectl.get_json("resourceclaims.resource.k8s.io", claim_name, namespace)
     assert is_allocated(claim_obj)
     state = driver.sim_state()
-    slices = {d["name"]: d for s in _node_slices(kubectl, driver.node_name) for d in s["spec"]["devices"]}
+    slices = {d["name"]: d for s in _node_slices(kubectl, driver.node_name) for d in s["spec"].get("devices") or []}
     device = claim_obj["status"]["allocation"]["devices"]["results"][0]["device"]
     uuid = slices[device]["attributes"]["uuid"]["string"]
     gpu = next(g for g in state["gpus"] if g["uuid"] == uuid)

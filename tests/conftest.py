@@ -4,7 +4,7 @@
 served) on loopback, started once per session. Yields a `ControlPlane` with `.kubeconfig` (path), `.url`,
 `.api_client()` and `.stop()`. Cluster-scoped objects are shared by the whole session: give them unique names.
 `kube_scheduler`: the same control plane with a real kube-scheduler running against it.
-The binaries come from `e2e/cluster/build.sh control-plane` (and `scheduler`); logs are copied to
+The binaries come from `e2e/cluster/build.sh control-plane`; logs are copied to
 `e2e/_artifacts/` when a test in the session failed.
 """
 

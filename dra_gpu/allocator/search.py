@@ -174,17 +174,20 @@ class NodeAllocator:
         sequence = report.sequence
         verdict_of = selectors.verdict
         for pool in self.pools:
-            if pool.invalid_reason:
-                pool_problem = f"pool {pool.name} is invalid: {pool.invalid_reason}"
-                sequence.append(pool_problem)
-                report.errors.append(pool_problem)
-                rejected.extend(Rejection(c.label, pool_problem, "pool") for c in pool.candidates)
-                continue
-            if pool.incomplete and all_mode:
-                # ExactCount still uses the slices that are there; "All" cannot know every device.
-                report.errors.append(
+            # Incomplete and invalid pools are skipped (as kube-scheduler 1.36 does: the differential test
+            # checks it); for allocationMode All they are an error because "all" is unknown.
+            pool_problem = None
+            if pool.incomplete:
+                pool_problem = (
                     f"pool {pool.name} is incomplete ({len(pool.slices)} of {pool.slice_count} slices)"
                 )
+            elif pool.invalid_reason:
+                pool_problem = f"pool {pool.name} is invalid: {pool.invalid_reason}"
+            if pool_problem is not None:
+                rejected.extend(Rejection(c.label, pool_problem, "pool") for c in pool.candidates)
+                if all_mode:
+                    report.errors.append(pool_problem)
+                continue
             for candidate in pool.candidates:
                 in_use = check_existing and (
                     candidate.id in existing.exclusive

@@ -8,6 +8,11 @@ Two sources, in this order:
    the driver root, as read-only bind mounts at the path they would have on a host with the driver at `/`.
 
 Also reads the MIG capability minors from `<driver root>/proc/driver/nvidia/capabilities/...`.
+
+Two roots: files are looked for under the driver root as THIS process sees it (`container_root`; NVIDIA's
+chart mounts the host's driver root at `/driver-root`), while the specs name host paths (`host_root`,
+`--nvidia-driver-root`), since the container runtime reads them on the host. Without a container root both are
+the same.
 """
 
 from __future__ import annotations
@@ -61,17 +66,31 @@ def _exists(driver_root: Path, path: str) -> bool:
     return (driver_root / path.lstrip("/")).exists()
 
 
-def discover_from_driver_root(driver_root: str) -> DriverEdits:
+def to_host_path(path: str, container_root: str, host_root: str) -> str:
+    """`path` as this process sees it -> the same file's path on the host. Paths outside the container's view
+    of the driver root (e.g. the plugin's own tools) are returned unchanged."""
+    inside = container_root.rstrip("/")
+    if inside == host_root.rstrip("/"):
+        return path
+    if inside and path != inside and not path.startswith(inside + "/"):
+        return path
+    rest = path[len(inside) :].lstrip("/")
+    return str(Path(host_root) / rest) if rest else str(Path(host_root))
+
+
+def discover_from_driver_root(driver_root: str, host_driver_root: str | None = None) -> DriverEdits:
+    """Our own discovery: files under `driver_root` (as seen here), named by their host path."""
+    host = host_driver_root or driver_root
     root = Path(driver_root)
-    nodes = tuple(device_node(driver_root, p) for p in CONTROL_NODES if _exists(root, p))
+    nodes = tuple(device_node(host, p) for p in CONTROL_NODES if _exists(root, p))
     mounts: list[CdiMount] = []
     for names, dirs in ((DRIVER_LIBRARIES, LIBRARY_DIRS), (DRIVER_BINARIES, BINARY_DIRS)):
         for name in names:
             for directory in dirs:
                 path = f"{directory}/{name}"
                 if _exists(root, path):
-                    host = str(root / path.lstrip("/"))
-                    mounts.append(CdiMount(host_path=host, container_path=path, options=READ_ONLY_BIND))
+                    host_path = str(Path(host) / path.lstrip("/"))
+                    mounts.append(CdiMount(host_path=host_path, container_path=path, options=READ_ONLY_BIND))
                     break
     missing = [p for p in ("/dev/nvidiactl", "/usr/bin/nvidia-smi") if not _exists(root, p)]
     if missing:
@@ -79,17 +98,25 @@ def discover_from_driver_root(driver_root: str) -> DriverEdits:
     return DriverEdits(device_nodes=nodes, mounts=tuple(mounts), source="driver-root")
 
 
-def _edits_from_ctk_spec(spec: dict[str, object], driver_root: str) -> DriverEdits:
+def _edits_from_ctk_spec(spec: dict[str, object], container_root: str, host_root: str) -> DriverEdits:
+    """nvidia-ctk ran inside this process's view, so its host paths are under `container_root`: map them."""
     edits = spec.get("containerEdits")
     if not isinstance(edits, dict):
         raise ValueError("nvidia-ctk spec has no containerEdits")
+
+    def host(path: str) -> str:
+        return to_host_path(path, container_root, host_root)
+
     nodes = tuple(
-        CdiDeviceNode(path=str(n["path"]), host_path=n.get("hostPath"))
+        CdiDeviceNode(
+            path=str(n["path"]),
+            host_path=None if n.get("hostPath") is None else host(str(n["hostPath"])),
+        )
         for n in edits.get("deviceNodes") or ()
     )
     mounts = tuple(
         CdiMount(
-            host_path=str(m["hostPath"]),
+            host_path=host(str(m["hostPath"])),
             container_path=str(m["containerPath"]),
             options=tuple(m.get("options") or READ_ONLY_BIND),
         )
@@ -98,7 +125,7 @@ def _edits_from_ctk_spec(spec: dict[str, object], driver_root: str) -> DriverEdi
     hooks = tuple(
         CdiHook(
             hook_name=str(h["hookName"]),
-            path=str(h["path"]),
+            path=host(str(h["path"])),
             args=tuple(h.get("args") or ()),
             env=tuple(h.get("env") or ()),
         )
@@ -108,7 +135,9 @@ def _edits_from_ctk_spec(spec: dict[str, object], driver_root: str) -> DriverEdi
     return DriverEdits(device_nodes=nodes, mounts=mounts, hooks=hooks, env=env, source="nvidia-ctk")
 
 
-def discover_with_nvidia_ctk(nvidia_ctk: str, driver_root: str) -> DriverEdits:
+def discover_with_nvidia_ctk(
+    nvidia_ctk: str, driver_root: str, host_driver_root: str | None = None
+) -> DriverEdits:
     with tempfile.TemporaryDirectory(prefix="dra-gpu-ctk-") as tmp:
         out = Path(tmp) / "nvidia.json"
         subprocess.run(
@@ -118,20 +147,25 @@ def discover_with_nvidia_ctk(nvidia_ctk: str, driver_root: str) -> DriverEdits:
             capture_output=True,
             timeout=NVIDIA_CTK_TIMEOUT_S,
         )
-        return _edits_from_ctk_spec(json.loads(out.read_text()), driver_root)
+        return _edits_from_ctk_spec(json.loads(out.read_text()), driver_root, host_driver_root or driver_root)
 
 
 def discover_driver_edits(
-    driver_root: str, nvidia_ctk: str | None = None, use_ctk: bool = True
+    driver_root: str,
+    nvidia_ctk: str | None = None,
+    use_ctk: bool = True,
+    *,
+    host_driver_root: str | None = None,
 ) -> DriverEdits:
-    """Common edits for every claim's spec; computed once at start-up."""
+    """Common edits for every claim's spec; computed once at start-up. `driver_root` is where this process
+    finds the driver; `host_driver_root` (default: the same) is what the specs name."""
     ctk = nvidia_ctk or (shutil.which("nvidia-ctk") if use_ctk else None)
     if ctk:
         try:
-            return discover_with_nvidia_ctk(ctk, driver_root)
+            return discover_with_nvidia_ctk(ctk, driver_root, host_driver_root)
         except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as exc:
             log.warning("nvidia-ctk cdi generate failed; using own driver discovery", error=str(exc))
-    return discover_from_driver_root(driver_root)
+    return discover_from_driver_root(driver_root, host_driver_root)
 
 
 def _capability_minor(path: Path) -> int:

@@ -41,7 +41,7 @@ class CdiSpecWriter:
 
     def has_spec(self, claim_uid: str) -> bool:
         """The claim's spec file exists (either extension)."""
-        return any(self.cdi_root.joinpath(spec_file_name(claim_uid, ext)).is_file() for ext in ("json", "yaml"))
+        return any((self.cdi_root / spec_file_name(claim_uid, ext)).is_file() for ext in ("json", "yaml"))
 
     def remove(self, claim_uid: str) -> bool:
         """Remove the claim's spec (either extension); True when a file was removed. Missing is fine."""

@@ -1,10 +1,11 @@
-"""`dra-gpu explain`: which devices a claim matches, why the others are rejected, and what would be allocated.
+"""`dra-gpu explain`: which devices a claim matches, why the others are rejected, what would be allocated.
 
-Inputs: claims / claim templates / pods / DeviceClasses from `-f` (files or directories, multi-document YAML);
-inventory from a live cluster (`--kubeconfig`), from ResourceSlice files (`--slices`), or from a built-in
-hardware
-profile (`--hardware dgx-a100 --nodes 4`). Exit codes: 0 every claim is allocatable, 1 some claim is not,
-2 bad input (the message names the file, object, field, and for CEL the expression and position).
+Inputs: claims, claim templates, pods and DeviceClasses from `-f` (files or directories, multi-document YAML);
+the inventory from a live cluster (`--kubeconfig`), from ResourceSlice files (`--slices`), or from a built-in
+hardware profile (`--hardware dgx-a100 --nodes 4`). Without DeviceClasses, the chart's built-in ones apply.
+
+Exit codes: 0 every claim is allocatable, 1 some claim is not, 2 bad input (the message names the file, object
+and field, and for CEL the expression and the position).
 """
 
 from __future__ import annotations

@@ -17,11 +17,14 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from dra_gpu.inventory.model import DRIVER_NAME, DeviceModel
+
+if TYPE_CHECKING:
+    from dra_gpu.plugin.device_inventory import DeviceInventory
 
 log = structlog.get_logger("dra_gpu.kubelet_plugin")
 
@@ -40,6 +43,14 @@ def _env_int(name: str, default: int) -> int:
         return int(value) if value is not None else default
     except ValueError:
         raise SystemExit(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def _env_float(name: str, default: float) -> float:
+    value = _env(name)
+    try:
+        return float(value) if value is not None else default
+    except ValueError:
+        raise SystemExit(f"environment variable {name}={value!r} is not a number") from None
 
 
 def register(subparsers: Any) -> None:
@@ -62,7 +73,15 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--nvidia-driver-root",
         default=_env("NVIDIA_DRIVER_ROOT", _env("HOST_DRIVER_ROOT", "/")),
-        help="where the NVIDIA driver is installed [NVIDIA_DRIVER_ROOT] (default: /)",
+        help="where the NVIDIA driver is installed on the host; CDI specs name paths under it "
+        "[NVIDIA_DRIVER_ROOT] (default: /)",
+    )
+    p.add_argument(
+        "--container-driver-root",
+        default=_env("CONTAINER_DRIVER_ROOT"),
+        help="where this process finds that driver root (a mount of it, e.g. /driver-root): libraries, "
+        "nvidia-smi, nvidia-cuda-mps-control, /proc/driver/nvidia [CONTAINER_DRIVER_ROOT] "
+        "(default: same as --nvidia-driver-root)",
     )
     p.add_argument(
         "--kubelet-registrar-directory-path",
@@ -124,6 +143,13 @@ def register(subparsers: Any) -> None:
         help="seconds between checks for interrupted prepares of deleted claims (default: 600)",
     )
     p.add_argument(
+        "--rediscovery-interval",
+        type=float,
+        default=_env_float("REDISCOVERY_INTERVAL", 60.0),
+        help="seconds between hardware re-discoveries (also on SIGHUP); changed devices are republished "
+        "[REDISCOVERY_INTERVAL] (default: 60)",
+    )
+    p.add_argument(
         "--log-format",
         default=_env("LOG_FORMAT", "auto"),
         choices=["auto", "json", "console"],
@@ -164,33 +190,6 @@ def configure_logging(log_format: str) -> None:
     root.setLevel(logging.INFO)
 
 
-class DeviceInventory:
-    """The node's device model, built once from the hardware; `refresh()` re-discovers."""
-
-    def __init__(self, hardware: Any) -> None:
-        self.hardware = hardware
-        self._lock = threading.Lock()
-        self._model = self._build()
-
-    def _build(self) -> DeviceModel:
-        from dra_gpu.inventory.device_model import ModelOptions, build_device_model
-
-        discovery = self.hardware.discover()
-        for error in discovery.errors:
-            log.warning("GPU discovery problem", gpu_index=error.gpu_index, error=error.message)
-        return build_device_model(discovery, ModelOptions())
-
-    def model(self) -> DeviceModel:
-        with self._lock:
-            return self._model
-
-    def refresh(self) -> DeviceModel:
-        model = self._build()
-        with self._lock:
-            self._model = model
-        return model
-
-
 def _make_sharing_manager(hardware: Any, plugin_dir: Path) -> Any:
     from dra_gpu.sharing.manager import HardwareSharingManager
 
@@ -199,16 +198,15 @@ def _make_sharing_manager(hardware: Any, plugin_dir: Path) -> Any:
 
 def _start_slice_publishing(
     args: argparse.Namespace, api_client: Any, inventory: DeviceInventory
-) -> Callable[[], None] | None:
-    """Start the ResourceSlice controller; returns its stop function."""
+) -> tuple[Callable[[], None], Callable[[DeviceModel], None]] | None:
+    """Start the ResourceSlice controller; returns its stop function and its `update_model`."""
     if args.publish_slices != "true":
         return None
     from dra_gpu.slices.slice_controller import SliceController
 
     controller = SliceController(api_client, DRIVER_NAME, args.node_name, inventory.model)
     controller.start()
-    stop: Callable[[], None] = controller.stop
-    return stop
+    return controller.stop, controller.update_model
 
 
 def run(args: argparse.Namespace) -> int:
@@ -225,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_gpu.hardware.loader import open_hardware
     from dra_gpu.kube.client import load_api_client
     from dra_gpu.plugin.claim_reader import KubeClaimReader
+    from dra_gpu.plugin.device_inventory import DeviceInventory, Rediscovery
     from dra_gpu.plugin.fault_injection import FaultPoints
     from dra_gpu.plugin.health import DeviceHealthService
     from dra_gpu.plugin.http_endpoint import HttpEndpoint, probe_sockets
@@ -239,13 +238,22 @@ def run(args: argparse.Namespace) -> int:
             DRIVER_NAME,
             args.plugin_uid,
         )
-        hardware = open_hardware(args.hardware, args.nvidia_driver_root)
+        if args.rediscovery_interval <= 0:
+            raise ValueError(f"--rediscovery-interval must be > 0 seconds, got {args.rediscovery_interval:g}")
+        host_driver_root = args.nvidia_driver_root
+        # Everything this process reads or runs comes from the container's view of the driver root.
+        hardware = open_hardware(args.hardware, args.container_driver_root or host_driver_root)
         inventory = DeviceInventory(hardware)
     except (HardwareError, SocketSetupError, ValueError) as exc:
         log.error("cannot start", error=str(exc))
         return 1
-    driver_root = hardware.driver_root()
-    log.info("devices discovered", devices=len(inventory.model().devices), driver_root=driver_root)
+    container_driver_root = hardware.driver_root()
+    log.info(
+        "devices discovered",
+        devices=len(inventory.model().devices),
+        driver_root=host_driver_root,
+        container_driver_root=container_driver_root,
+    )
 
     metrics = PluginMetrics()
     api_client = load_api_client(args.kubeconfig or None)
@@ -258,8 +266,9 @@ def run(args: argparse.Namespace) -> int:
         cdi=CdiSpecWriter(args.cdi_root),
         sharing=sharing,
         device_model=inventory.model,
-        driver_edits=discover_driver_edits(driver_root),
-        driver_root=driver_root,
+        driver_edits=discover_driver_edits(container_driver_root, host_driver_root=host_driver_root),
+        driver_root=host_driver_root,
+        container_driver_root=container_driver_root,
         metrics=metrics,
         faults=FaultPoints.from_env(),
     )
@@ -273,7 +282,21 @@ def run(args: argparse.Namespace) -> int:
     if args.health_service == "true":
         health = DeviceHealthService(args.node_name, inventory.model)
     server = PluginServer(paths, DRIVER_NAME, service, metrics, health=health)
-    stop_slices = _start_slice_publishing(args, api_client, inventory)
+    publishing = _start_slice_publishing(args, api_client, inventory)
+
+    def republish(model: DeviceModel) -> None:
+        if publishing is not None:
+            publishing[1](model)
+
+    # Prepare and the health stream read `inventory.model` on each call: they follow a refresh by themselves.
+    rediscovery = Rediscovery(inventory, republish, args.rediscovery_interval)
+    rediscovery.start()
+
+    def on_hangup(_signum: int, _frame: FrameType | None) -> None:
+        rediscovery.trigger()
+
+    # Before the sockets appear: SIGHUP's default action would end the process.
+    signal.signal(signal.SIGHUP, on_hangup)
     server.start()
 
     stopping = threading.Event()
@@ -324,11 +347,12 @@ def run(args: argparse.Namespace) -> int:
     log.info("kubelet plugin ready", node=args.node_name, endpoint=str(paths.endpoint))
     stopping.wait()
 
+    rediscovery.stop()
     server.stop()
     for endpoint in endpoints:
         endpoint.stop()
-    if stop_slices is not None:
-        stop_slices()
+    if publishing is not None:
+        publishing[0]()
     log.info("kubelet plugin stopped")
     return 0
 

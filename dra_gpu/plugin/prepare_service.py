@@ -260,7 +260,8 @@ class PrepareService:
             raise ClaimError(
                 "cdi",
                 f"claim {ref}: CDI spec {self.cdi.path_for(ref.uid)} is missing and cannot be rebuilt: node "
-                f"{self.node_name} no longer has device(s) {', '.join(missing)} (delete and recreate the claim)",
+                f"{self.node_name} no longer has device(s) {', '.join(missing)} "
+                "(delete and recreate the claim)",
             )
         edits: dict[str, CdiEdits] = {}
         mig_ids: dict[str, tuple[int, int, str]] = {}
@@ -274,7 +275,8 @@ class PrepareService:
                     mig_ids[name] = (int(mig["giID"]), int(mig["ciID"]), str(mig.get("uuid") or ""))
         except (KeyError, TypeError, ValueError) as exc:
             raise ClaimError(
-                "checkpoint", f"claim {ref}: CDI spec missing, and its checkpoint entry is malformed ({exc!r})"
+                "checkpoint",
+                f"claim {ref}: CDI spec missing, and its checkpoint entry is malformed ({exc!r})",
             ) from exc
         log.warning("CDI spec of a prepared claim is missing; rewriting it", claim=str(ref))
         self._write_spec(ref, [by_name[d.device] for d in entry.devices], edits, mig_ids)

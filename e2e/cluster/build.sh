@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the pinned Kubernetes test-cluster components from the Go module proxy into
 #   ${DRA_GPU_CACHE:-$HOME/.cache/dra-gpu}/k8s/<KUBERNETES_VERSION>/bin
-# Usage: e2e/cluster/build.sh control-plane|node|all|helm [...]
-#   control-plane  etcd, kube-apiserver (what the pytest fixture needs)
+# Usage: e2e/cluster/build.sh control-plane|node|all|helm|image [...]
+#   control-plane  etcd, kube-apiserver, kube-scheduler (what the pytest fixtures need)
 #   all            control-plane + kube-controller-manager, kube-scheduler, kubelet, kubectl, containerd, runc, CNI
 #   helm           helm
+#   image          the driver image, via manifests/image/build.sh (needs docker, podman or buildah)
 # A stamp per component (version + recipe) makes a second run instant. Build times go to
 # e2e/_artifacts/build-times.json.
 set -euo pipefail
@@ -264,16 +265,19 @@ main() {
     for target in "$@"; do
         local t_target built_before=$BUILT; t_target=$(now_us)
         case "$target" in
-            control-plane) locked etcd build_etcd; locked k8s build_k8s kube-apiserver ;;
+            # kube-scheduler too: `make test` builds only this target and the kube_scheduler fixture needs it.
+            control-plane) locked etcd build_etcd; locked k8s build_k8s kube-apiserver kube-scheduler ;;
             node) locked k8s build_k8s kubelet; locked containerd build_containerd; locked runc build_runc
                 locked cni build_cni ;;
             all)
                 locked etcd build_etcd
                 locked k8s build_k8s kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl
                 locked containerd build_containerd; locked runc build_runc; locked cni build_cni ;;
-            scheduler) locked k8s build_k8s kube-scheduler ;;
+            scheduler) locked k8s build_k8s kube-scheduler ;;  # kept for callers; control-plane has it
             helm) locked helm build_helm ;;
-            *) die "unknown target '$target' (use control-plane, node, all, scheduler or helm)" ;;
+            # The driver's container image (docker/podman/buildah); `make image` calls this target.
+            image) "$REPO/manifests/image/build.sh" ;;
+            *) die "unknown target '$target' (use control-plane, node, all, scheduler, helm or image)" ;;
         esac
         # cold_s: this target compiled something; warm_s: every stamp was current.
         local kind=warm_s

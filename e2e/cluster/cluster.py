@@ -23,6 +23,7 @@ Importable: `Cluster().up()`, `.down()`, `.kubeconfig`, `.node_name`, `.api_clie
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -31,7 +32,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,13 +48,14 @@ from tests.support.control_plane import (  # noqa: E402
     ControlPlane,
     ControlPlaneError,
     ControlPlaneOptions,
+    KeyPair,
     ManagedProcess,
     bin_dir,
     cache_dir,
     feature_gate_flag,
     find_binary,
     https_get,
-    read_versions,
+    prune_artifacts,
     supported_feature_gates,
     wait_until,
     write_kubeconfig,
@@ -61,6 +64,7 @@ from tests.support.control_plane import (  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 STATE_DIR = Path("/var/lib/dra-gpu-e2e")
+LOCK_FILE = Path("/var/lib/dra-gpu-e2e.lock")
 RUN_DIR = Path("/run/dra-gpu-e2e")
 KUBELET_DIR = Path("/var/lib/kubelet")
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -208,6 +212,7 @@ class Cluster:
         self.pids_file = STATE_DIR / "pids.json"
         self.plane: ControlPlane | None = None
         self.processes: list[ManagedProcess] = []
+        self._lock_depth = 0
 
     # --------------------------------------------------------------------------------------- helpers
     @property
@@ -242,13 +247,8 @@ class Cluster:
         entries = self._recorded_processes()
         if not entries or not all(_alive(e["pid"], e["exe"]) for e in entries):
             return False
-        pki_dir = self.state / "control-plane" / "pki"
-        from tests.support.control_plane import KeyPair
-
-        admin = KeyPair(pki_dir / "admin.crt", pki_dir / "admin.key")
         with contextlib.suppress(Exception):
-            status, _ = https_get(f"https://{NODE_IP}:{APISERVER_PORT}/readyz", pki_dir / "ca.crt", admin)
-            return status == 200
+            return self._admin_get("/readyz")[0] == 200
         return False
 
     def _recorded_processes(self) -> list[dict[str, Any]]:
@@ -264,8 +264,32 @@ class Cluster:
         factory: Callable[..., Any] = config.new_client_from_config
         return factory(config_file=str(self.kubeconfig))
 
+    @contextlib.contextmanager
+    def _host_lock(self) -> Iterator[None]:
+        """One up/down at a time on this host (several test sessions share the one cluster)."""
+        if self._lock_depth:
+            self._lock_depth += 1
+            try:
+                yield
+            finally:
+                self._lock_depth -= 1
+            return
+        LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
+        with LOCK_FILE.open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            self._lock_depth = 1
+            try:
+                yield
+            finally:
+                self._lock_depth = 0
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     # -------------------------------------------------------------------------------------------- up
     def up(self, timeout: float = 300.0) -> Cluster:
+        with self._host_lock():
+            return self._up(timeout)
+
+    def _up(self, timeout: float) -> Cluster:
         if self.running():
             log(f"already running; export KUBECONFIG={self.kubeconfig}")
             return self
@@ -502,53 +526,106 @@ class Cluster:
             serving_cert=serving.cert,
             serving_key=serving.key,
             feature_gates={g: True for g in NODE_FEATURE_GATES if g in gates},
+            cluster_dns=host_nameservers(Path("/etc/resolv.conf").read_text())[:1],
         )
         config_path = kubelet_dir / "config.json"
         config_path.write_text(json.dumps(config, indent=2) + "\n")
         labels = ",".join(f"{k}={v}" for k, v in NODE_LABELS.items())
         env = dict(os.environ)
         env["PATH"] = f"{self.bin}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        argv = [
+            str(binary),
+            f"--config={config_path}",
+            f"--kubeconfig={kubeconfig}",
+            f"--hostname-override={self.node_name}",
+            f"--node-ip={NODE_IP}",
+            f"--node-labels={labels}",
+            f"--root-dir={KUBELET_DIR}",
+            "--v=2",
+        ]
+        # restart_kubelet() (possibly from another process) starts the very same command again.
+        (kubelet_dir / "argv.json").write_text(json.dumps(argv) + "\n")
         log(f"starting kubelet (cgroupRoot {cgroup_root})")
-        self._spawn(
-            "kubelet",
-            [
-                str(binary),
-                f"--config={config_path}",
-                f"--kubeconfig={kubeconfig}",
-                f"--hostname-override={self.node_name}",
-                f"--node-ip={NODE_IP}",
-                f"--node-labels={labels}",
-                f"--root-dir={KUBELET_DIR}",
-                "--v=2",
-            ],
-            env=env,
-        )
+        self._spawn("kubelet", argv, env=env)
+
+    def restart_kubelet(self, wait_ready: bool = False, timeout: float = 120.0) -> None:
+        """Stop the running kubelet and start it again with the same command line (resilience tests).
+
+        Works from any process: the pid record is updated in place so that `down()` stops the new kubelet.
+        """
+        with self._host_lock():
+            self._restart_kubelet(wait_ready, timeout)
+
+    def _restart_kubelet(self, wait_ready: bool, timeout: float) -> None:
+        entries = self._recorded_processes()
+        entry = next((e for e in entries if e["name"] == "kubelet"), None)
+        argv_file = self.state / "kubelet" / "argv.json"
+        if entry is None:
+            raise ClusterError(
+                f"no kubelet recorded in {self.pids_file}; is the cluster up (e2e/cluster/up.sh)?"
+            )
+        if argv_file.exists():
+            argv: list[str] = json.loads(argv_file.read_text())
+        elif _alive(int(entry["pid"]), str(entry["exe"])):
+            # A cluster started before argv.json existed: take the running kubelet's command line.
+            raw = Path(f"/proc/{entry['pid']}/cmdline").read_bytes().split(b"\0")
+            argv = [a.decode() for a in raw if a]
+        else:
+            raise ClusterError(f"kubelet (pid {entry['pid']}) is not running and {argv_file} is missing")
+        _stop_pid(entry)
+        env = dict(os.environ)
+        env["PATH"] = f"{self.bin}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        proc = ManagedProcess("kubelet", argv, self.logs / "kubelet.log", detach=True, env=env)
+        proc.start()
+        entry.update(pid=proc.pid, exe=argv[0])
+        tmp = self.pids_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries, indent=2) + "\n")
+        tmp.replace(self.pids_file)
+        if wait_ready:
+            # The old kubelet is gone, so an answer on its healthz port comes from the new one.
+            wait_until(
+                lambda: _kubelet_healthy() and self._node_ready(),
+                what=f"restarted kubelet healthy and node {self.node_name} Ready",
+                timeout=timeout,
+                watch=[proc],
+            )
+
+    def _node_ready(self) -> bool:
+        """The node's Ready condition is True and was reported after the kubelet's latest start."""
+        status, body = self._admin_get(f"/api/v1/nodes/{self.node_name}")
+        if status != 200:
+            return False
+        conditions = json.loads(body).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def _admin_get(self, path: str) -> tuple[int, str]:
+        pki_dir = self.state / "control-plane" / "pki"
+        admin = KeyPair(pki_dir / "admin.crt", pki_dir / "admin.key")
+        return https_get(f"https://{NODE_IP}:{APISERVER_PORT}{path}", pki_dir / "ca.crt", admin)
 
     def _wait_node_ready(self, timeout: float) -> None:
         assert self.plane is not None
         kubelet = next(p for p in self.processes if p.name == "kubelet")
         watch = [kubelet, *(p for p in self.processes if p.name == "containerd"), *self.plane.processes]
 
-        def ready() -> bool:
-            status, body = self.plane.get(f"/api/v1/nodes/{self.node_name}") if self.plane else (0, "")
-            if status != 200:
-                return False
-            conditions = json.loads(body).get("status", {}).get("conditions", [])
-            return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-
         log("waiting for the node to be Ready")
-        wait_until(ready, what=f"node {self.node_name} Ready", timeout=timeout, watch=watch)
+        wait_until(self._node_ready, what=f"node {self.node_name} Ready", timeout=timeout, watch=watch)
 
     def _save_logs(self, label: str) -> Path:
         dest = ARTIFACTS_DIR / f"{label}-{time.strftime('%Y%m%dT%H%M%S')}"
         dest.mkdir(parents=True, exist_ok=True)
         for f in self.logs.glob("*.log"):
             shutil.copy2(f, dest / f.name)
+        prune_artifacts(label)
         return dest
 
     # ------------------------------------------------------------------------------------------ down
     def down(self) -> None:
         """Stop every process this cluster started, remove its containers, mounts, cgroups and host rules."""
+        with self._host_lock():
+            self._down()
+
+    def _down(self) -> None:
         entries = self._recorded_processes()
         by_name = {e["name"]: e for e in entries}
         # kubelet first, so it does not restart what we remove next.
@@ -679,6 +756,11 @@ def _stop_pid(entry: dict[str, Any], timeout: float = 15.0) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def _kubelet_healthy() -> bool:
+    with urllib.request.urlopen("http://127.0.0.1:10248/healthz", timeout=2) as resp:
+        return bool(resp.read().strip() == b"ok")
+
+
 def _record_start_time(control_plane_s: float, total_s: float) -> None:
     path = ARTIFACTS_DIR / "build-times.json"
     data: dict[str, Any] = {}
@@ -758,6 +840,21 @@ def cni_conflist() -> dict[str, Any]:
     }
 
 
+def host_nameservers(resolv_conf: str) -> list[str]:
+    """IPv4 nameservers from resolv.conf that a pod can reach (loopback resolvers are host-only)."""
+    servers = []
+    for line in resolv_conf.splitlines():
+        parts = line.split()
+        if (
+            len(parts) >= 2
+            and parts[0] == "nameserver"
+            and "." in parts[1]
+            and not parts[1].startswith("127.")
+        ):
+            servers.append(parts[1])
+    return servers
+
+
 def kubelet_config(
     *,
     cgroup_root: str,
@@ -766,6 +863,7 @@ def kubelet_config(
     serving_cert: Path,
     serving_key: Path,
     feature_gates: dict[str, bool],
+    cluster_dns: Sequence[str] = (),
 ) -> dict[str, Any]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -793,7 +891,9 @@ def kubelet_config(
         },
         "authorization": {"mode": "Webhook"},
         "clusterDomain": "cluster.local",
-        "clusterDNS": [],
+        # No cluster DNS service: hand pods the host's resolver (when pods can reach it) so ClusterFirst pods
+        # resolve names without a warning event per pod.
+        "clusterDNS": list(cluster_dns),
         "resolvConf": "/etc/resolv.conf",
         "podCIDR": POD_CIDR,
         "failSwapOn": False,
@@ -885,7 +985,6 @@ def main(argv: Sequence[str]) -> int:
     except (ClusterError, ControlPlaneError) as err:
         print(f"[cluster] ERROR: {err}", file=sys.stderr)
         return 1
-    _ = read_versions  # versions are reported by build.sh; kept importable for callers
     return 0
 
 

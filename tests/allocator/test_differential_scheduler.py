@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from dra_gpu.allocator.pools import Node
@@ -69,6 +69,8 @@ node_spec = st.fixed_dictionaries(
         "devices": st.lists(device_spec, min_size=0, max_size=3),
         "counter": st.sampled_from(["40Gi", "50Gi"]),
         "incomplete": st.sampled_from([False, False, False, True]),  # one slice of the pool never arrives
+        # A second, invalid pool on the node (one device name twice), sorted before or after the good one.
+        "invalid_pool": st.sampled_from([None, None, "a", "z"]),
     }
 )
 request_spec = st.fixed_dictionaries(
@@ -126,6 +128,13 @@ def build_objects(
                 )
             )
         slices.append(resource_slice(f"{name}-devices", name, devices, count=count, driver=DRIVER))
+        if node["invalid_pool"]:
+            pool = f"{node['invalid_pool']}-{name}"
+            twin = device("dup-0", "gpu", attributes={"model": "a", "numa": 1}, capacity={"memory": "40Gi"})
+            for part in range(2):
+                slices.append(
+                    resource_slice(f"{pool}-{part}", name, [twin], pool=pool, count=2, driver=DRIVER)
+                )
     requests: list[dict[str, Any]] = []
     for index, spec in enumerate(scenario["requests"]):
         body: dict[str, Any] = {"deviceClassName": f"{PREFIX}-{spec['kind']}", "count": spec["count"]}
@@ -191,7 +200,7 @@ class Cluster:
             self.custom.create_cluster_custom_object("resource.k8s.io", "v1", plural, body)
 
     def scheduled(self, pod: str, timeout: float = 30.0) -> bool:
-        """True when the scheduler binds the pod, False when it says Unschedulable (and stays so)."""
+        """True when the scheduler binds the pod, False when it reports it cannot (and that stays so)."""
         deadline = time.monotonic() + timeout
         unschedulable_since: float | None = None
         while time.monotonic() < deadline:
@@ -199,10 +208,9 @@ class Cluster:
             if status.spec.node_name:
                 return True
             conditions = status.status.conditions or []
-            if any(
-                c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-                for c in conditions
-            ):
+            # Unschedulable, or SchedulerError when the allocator fails with an error (a CEL runtime error, an
+            # invalid pool): both leave the pod unbound.
+            if any(c.type == "PodScheduled" and c.status == "False" for c in conditions):
                 unschedulable_since = unschedulable_since or time.monotonic()
                 if time.monotonic() - unschedulable_since > 3.0:
                     return False
@@ -254,6 +262,8 @@ def cluster(kube_scheduler: Any) -> Iterator[Cluster]:
 
 @settings(
     max_examples=int(os.environ.get("DRA_GPU_DIFF_EXAMPLES", "15")),
+    # Each example costs seconds against the real scheduler: report a failure as found, without shrinking.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

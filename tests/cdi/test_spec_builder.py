@@ -18,7 +18,9 @@ from dra_gpu.cdi.driver_discovery import (
     discover_driver_edits,
     discover_from_driver_root,
     mig_capability_minors,
+    to_host_path,
 )
+from dra_gpu.cdi.edits_json import edits_from_json, edits_to_json
 from dra_gpu.cdi.spec_builder import (
     CDI_KIND,
     ClaimDevice,
@@ -236,3 +238,101 @@ def test_unwritable_cdi_root_names_the_file(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(CdiWriteError, match="file-not-dir"):
         CdiSpecWriter(blocker / "cdi").write(UID, _valid())
+
+
+# ------------------------------------------------------------------ container view vs host driver root
+HOST_ROOT = "/run/nvidia/driver"
+
+
+def test_files_found_under_the_container_root_are_named_by_host_path(sim_root: str) -> None:
+    """NVIDIA's chart: the host's driver root is mounted at another path in the plugin's container."""
+    driver = discover_driver_edits(sim_root, use_ctk=False, host_driver_root=HOST_ROOT)
+    mounts = {m.container_path: m.host_path for m in driver.mounts}
+    assert mounts["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"] == (
+        f"{HOST_ROOT}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    )
+    assert mounts["/usr/bin/nvidia-cuda-mps-control"] == f"{HOST_ROOT}/usr/bin/nvidia-cuda-mps-control"
+    nodes = {n.path: n.host_path for n in driver.device_nodes}
+    assert nodes["/dev/nvidiactl"] == f"{HOST_ROOT}/dev/nvidiactl"
+    spec = spec_for(HOST_ROOT, driver)
+    validate_spec(spec)
+    assert sim_root not in json.dumps(spec)  # the container's path never reaches the runtime
+
+
+def test_empty_container_root_finds_nothing_even_if_the_host_root_exists(
+    tmp_path: Path, sim_root: str
+) -> None:
+    """Files are looked for only under the container root: the host root is never read."""
+    driver = discover_driver_edits(str(tmp_path), use_ctk=False, host_driver_root=sim_root)
+    assert driver.mounts == () and driver.device_nodes == ()
+
+
+@pytest.mark.parametrize(
+    ("path", "container", "host", "expected"),
+    [
+        ("/driver-root/usr/lib/libcuda.so.1", "/driver-root", "/", "/usr/lib/libcuda.so.1"),
+        ("/driver-root", "/driver-root/", "/", "/"),
+        ("/driver-root/dev/nvidiactl", "/driver-root", HOST_ROOT, f"{HOST_ROOT}/dev/nvidiactl"),
+        ("/usr/bin/nvidia-cdi-hook", "/driver-root", "/", "/usr/bin/nvidia-cdi-hook"),  # the plugin's own
+        ("/driver-rootx/lib", "/driver-root", "/", "/driver-rootx/lib"),  # a sibling, not under the root
+        ("/x/lib", "/x", "/x", "/x/lib"),
+    ],
+)
+def test_to_host_path(path: str, container: str, host: str, expected: str) -> None:
+    assert to_host_path(path, container, host) == expected
+
+
+def test_nvidia_ctk_paths_are_mapped_to_the_host_root(tmp_path: Path) -> None:
+    """nvidia-ctk runs against the container's view; its hostPaths must be translated for the runtime."""
+    root = tmp_path / "driver-root"
+    ctk = tmp_path / "nvidia-ctk"
+    generated = {
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [],
+        "containerEdits": {
+            "deviceNodes": [{"path": "/dev/nvidiactl", "hostPath": f"{root}/dev/nvidiactl"}],
+            "hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook"}],
+            "mounts": [
+                {"hostPath": f"{root}/usr/lib/libcuda.so.1", "containerPath": "/usr/lib/libcuda.so.1"}
+            ],
+        },
+    }
+    ctk.write_text(
+        '#!/bin/sh\nfor a in "$@"; do case $a in --output=*) out=${a#--output=};; '
+        '--driver-root=*) echo "$a" > "$(dirname "$0")/args";; esac; done\n'
+        f"cat > \"$out\" <<'EOF'\n{json.dumps(generated)}\nEOF\n"
+    )
+    ctk.chmod(0o755)
+    edits = discover_driver_edits(str(root), nvidia_ctk=str(ctk), host_driver_root=HOST_ROOT)
+    assert (tmp_path / "args").read_text().strip() == f"--driver-root={root}"
+    assert [(m.host_path, m.container_path) for m in edits.mounts] == [
+        (f"{HOST_ROOT}/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1")
+    ]
+    assert [(n.path, n.host_path) for n in edits.device_nodes] == [
+        ("/dev/nvidiactl", f"{HOST_ROOT}/dev/nvidiactl")
+    ]
+    assert [h.path for h in edits.hooks] == ["/usr/bin/nvidia-cdi-hook"]
+
+
+def test_edits_json_round_trip() -> None:
+    edits = CdiEdits(
+        env=("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40"),
+        mounts=(CdiMount("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/x/pipe", "/tmp/nvidia-mps"),),
+        device_nodes=(CdiDeviceNode("/dev/nvidia-caps/nvidia-cap3", "/host/dev/nvidia-caps/nvidia-cap3"),
+                      CdiDeviceNode("/dev/nvidia3")),
+    )
+    data = json.loads(json.dumps(edits_to_json(edits)))
+    assert edits_from_json(data) == edits
+    assert edits_from_json({}) == CdiEdits()
+    with pytest.raises(KeyError):
+        edits_from_json({"mounts": [{"hostPath": "/a"}]})
+
+
+def test_has_spec(tmp_path: Path) -> None:
+    writer = CdiSpecWriter(tmp_path / "cdi")
+    assert not writer.has_spec(UID)
+    writer.write(UID, _valid())
+    assert writer.has_spec(UID)
+    writer.remove(UID)
+    assert not writer.has_spec(UID)

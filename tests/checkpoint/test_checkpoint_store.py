@@ -48,6 +48,7 @@ def entry(uid: str, phase: ClaimPhase = ClaimPhase.PREPARE_COMPLETED) -> ClaimEn
                 devices=("gpu-0",),
                 state={"timeSlice": {"GPU-1": 2}},
                 mig_instances={"gpu-0-mig-1g10gb-19-0": {"parentUUID": "GPU-1", "giID": 3, "ciID": 0}},
+                cdi_edits={"env": ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"], "mounts": []},
             ),
         ),
     )
@@ -227,3 +228,12 @@ def test_boot_time_comes_from_proc_stat() -> None:
 
     boot = read_boot_time()
     assert boot is not None and 0 < boot < time.time()
+
+
+def test_group_cdi_edits_are_optional_for_entries_written_before_them() -> None:
+    raw = entry("u1").to_json()
+    assert raw["groups"][0]["cdiEdits"]["env"] == ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
+    del raw["groups"][0]["cdiEdits"]
+    old = ClaimEntry.from_json("u1", raw)
+    assert old.groups[0].cdi_edits is None
+    assert "cdiEdits" not in old.to_json()["groups"][0]

@@ -513,18 +513,15 @@ def _help_env_vars(*command: str) -> set[str]:
     return names
 
 
-# The plugin does not read CONTAINER_DRIVER_ROOT yet, so a host driver at "/" (mounted at /driver-root) is
-# looked for inside the container's own root. When the plugin learns it, this test fails: empty the set.
-KNOWN_UNREAD_ENV = {"CONTAINER_DRIVER_ROOT"}
-
-
 def test_every_env_var_the_chart_sets_is_read_by_the_plugin(helm: str) -> None:
     _pod, ctr = _plugin(_template(helm, "kubeletPlugin.rollingUpdateSockets=true"))
     read = _help_env_vars("kubelet-plugin")
     unread = {e["name"] for e in ctr["env"]} - read
-    assert unread == KNOWN_UNREAD_ENV, (
+    assert unread == set(), (
         f"the chart sets {sorted(unread)} on the kubelet plugin, but `dra-gpu kubelet-plugin --help` "
-        f"documents reading only {sorted(read)}; KNOWN_UNREAD_ENV lists the known gaps")
+        f"documents reading only {sorted(read)}")
+    # The host's driver root is mounted at /driver-root: the plugin must look there, and name host paths.
+    assert {"CONTAINER_DRIVER_ROOT", "NVIDIA_DRIVER_ROOT"} <= read
 
 
 def test_webhook_args_are_flags_of_the_program(helm: str) -> None:

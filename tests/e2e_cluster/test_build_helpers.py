@@ -94,3 +94,20 @@ def test_missing_binaries_name_the_build_command(tmp_path: Path, monkeypatch: py
     with pytest.raises(ControlPlaneError, match=r"e2e/cluster/build\.sh control-plane"):
         ControlPlane()
     assert not (tmp_path / "empty-cache").exists()
+
+
+def test_prune_keeps_the_newest_log_dirs_of_one_label(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support import control_plane
+
+    monkeypatch.setattr(control_plane, "ARTIFACTS_DIR", tmp_path)
+    for minute in range(5):
+        (tmp_path / f"control-plane-20260101T00{minute:02d}00").mkdir()
+    (tmp_path / "control-plane-start-failed-20260101T000000").mkdir()
+    control_plane.prune_artifacts("control-plane", keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "control-plane-20260101T000300",
+        "control-plane-20260101T000400",
+        "control-plane-start-failed-20260101T000000",
+    ]

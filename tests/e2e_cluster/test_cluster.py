@@ -177,3 +177,21 @@ def test_claim_with_cdi_device_injects_env(
         plugin.stop()
         objects.delete_cluster_custom_object("resource.k8s.io", "v1", "resourceslices", f"{node}-{driver}")
         objects.delete_cluster_custom_object("resource.k8s.io", "v1", "deviceclasses", driver)
+
+
+def test_kubelet_restart_keeps_the_node_usable(local_cluster: Any, namespace: tuple[Any, str]) -> None:
+    from kubernetes import client
+
+    api, ns = namespace
+    core = client.CoreV1Api(api)
+    before = {e["name"]: e["pid"] for e in json.loads(local_cluster.pids_file.read_text())}
+    local_cluster.restart_kubelet(wait_ready=True)
+    after = {e["name"]: e["pid"] for e in json.loads(local_cluster.pids_file.read_text())}
+    assert after["kubelet"] != before["kubelet"]
+    assert {k: v for k, v in after.items() if k != "kubelet"} == {
+        k: v for k, v in before.items() if k != "kubelet"
+    }
+    core.create_namespaced_pod(ns, _busybox_pod("after-restart", "echo still-works"))
+    pod = _wait_phase(core, ns, "after-restart", {"Succeeded", "Failed"})
+    assert pod.status.phase == "Succeeded"
+    assert "still-works" in core.read_namespaced_pod_log("after-restart", ns)

@@ -15,6 +15,7 @@ from e2e.cluster.cluster import (
     cni_conflist,
     common_cgroup_root,
     containerd_config,
+    host_nameservers,
     kubelet_config,
     own_cgroups,
 )
@@ -123,3 +124,8 @@ def test_oci_archive_is_a_valid_deterministic_layout(tmp_path: Path) -> None:
 def test_image_reference_needs_a_tag() -> None:
     with pytest.raises(ValueError, match="needs a tag"):
         _ = ImageSpec("registry.local/tool").tag
+
+
+def test_pods_get_only_reachable_host_nameservers() -> None:
+    resolv = "search example\nnameserver 127.0.0.53\nnameserver 10.255.255.53\nnameserver fd00::1\n"
+    assert host_nameservers(resolv) == ["10.255.255.53"]

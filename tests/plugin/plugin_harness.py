@@ -61,6 +61,9 @@ class SimNode:
     def mig_instances(self) -> list[tuple[str, int]]:
         return [(g.uuid, gi.gi_id) for g in self.sim_state().gpus for gi in g.gpu_instances]
 
+    def gpu_compute_mode(self, uuid: str) -> int:
+        return next(g.compute_mode for g in self.sim_state().gpus if g.uuid == uuid)
+
     def timeslices(self) -> dict[str, int]:
         return {g.uuid: g.timeslice for g in self.sim_state().gpus if g.timeslice}
 
@@ -210,8 +213,9 @@ class ClaimFactory:
     def __init__(self, api_client: Any, node_name: str) -> None:
         from kubernetes import client
 
-        self.api = client.ResourceV1Api(api_client)
-        self.core = client.CoreV1Api(api_client)
+        # Any: raw JSON bodies in and out (`_preload_content=False`), not the typed models
+        self.api: Any = client.ResourceV1Api(api_client)
+        self.core: Any = client.CoreV1Api(api_client)
         self.node_name = node_name
         self._namespaces: set[str] = set()
 

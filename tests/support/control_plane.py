@@ -329,6 +329,13 @@ def https_get(url: str, ca: Path | None, client: KeyPair | None, timeout: float 
         return int(err.code), err.read().decode(errors="replace")
 
 
+def prune_artifacts(label: str, keep: int = 10) -> None:
+    """Keep only the newest `keep` log dirs named `<label>-<time>` (every failing session adds one)."""
+    dirs = sorted(d for d in ARTIFACTS_DIR.glob(f"{label}-2*") if d.is_dir())
+    for old in dirs[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------- control plane
 
 
@@ -503,8 +510,8 @@ class ControlPlane:
 
     # -------------------------------------------------------------------------------------- scheduler
     def start_scheduler(self) -> ManagedProcess:
-        """Run a real kube-scheduler against this API server (needs `e2e/cluster/build.sh scheduler`)."""
-        binary = find_binary("kube-scheduler", build_target="scheduler")
+        """Start a real kube-scheduler on this API server (built by `build.sh control-plane`)."""
+        binary = find_binary("kube-scheduler")
         port = free_port()
         args = [
             str(binary),
@@ -550,6 +557,7 @@ class ControlPlane:
         if self.logs_dir.exists():
             for log in self.logs_dir.glob("*.log"):
                 shutil.copy2(log, dest / log.name)
+        prune_artifacts(label)
         return dest
 
     def stop(self, keep_workdir: bool = False) -> None:

@@ -1,0 +1,121 @@
+"""The node's device model, and its re-discovery while the plugin runs.
+
+The hardware changes under a running plugin: an administrator switches MIG mode or creates MIG devices out of
+band, a GPU falls off the bus (NVML then fails for it and discovery leaves it out). `Rediscovery` rebuilds the
+model every `interval_s` seconds and whenever `trigger()` is called (SIGHUP), and hands a model that differs
+from the last one to `on_change` (the ResourceSlice controller's `update_model`). A discovery that finds no
+GPU at all because NVML itself failed keeps the previous model: withdrawing every device of the node because
+the driver hiccuped once would make the scheduler move work away for nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import structlog
+
+from dra_gpu.hardware.interface import GpuHardware, HardwareError
+from dra_gpu.inventory.device_model import ModelOptions, build_device_model
+from dra_gpu.inventory.model import DeviceModel
+
+log = structlog.get_logger(__name__)
+
+
+class DiscoveryFailedError(Exception):
+    """NVML could not enumerate the GPUs at all; the message says why."""
+
+
+class DeviceInventory:
+    """The node's device model, built from the hardware at construction; `refresh()` re-discovers."""
+
+    def __init__(self, hardware: GpuHardware, options: ModelOptions | None = None) -> None:
+        self.hardware = hardware
+        self.options = options or ModelOptions()
+        self._lock = threading.Lock()
+        self._model = self._build(initial=True)
+
+    def _build(self, *, initial: bool = False) -> DeviceModel:
+        discovery = self.hardware.discover()
+        for error in discovery.errors:
+            log.warning("GPU discovery problem", gpu_index=error.gpu_index, error=error.message)
+        global_errors = [e.message for e in discovery.errors if e.gpu_index is None]
+        if not initial and not discovery.gpus and global_errors:
+            raise DiscoveryFailedError("; ".join(global_errors))
+        return build_device_model(discovery, self.options)
+
+    def model(self) -> DeviceModel:
+        with self._lock:
+            return self._model
+
+    def refresh(self) -> tuple[DeviceModel, bool]:
+        """Discover again: (the current model, whether it changed). Raises DiscoveryFailedError or
+        HardwareError, keeping the previous model."""
+        model = self._build()
+        with self._lock:
+            changed = model != self._model
+            self._model = model
+        return model, changed
+
+
+class Rediscovery:
+    """A thread that refreshes `inventory` periodically and on `trigger()`, calling `on_change(model)` when
+    the model changed."""
+
+    def __init__(
+        self,
+        inventory: DeviceInventory,
+        on_change: Callable[[DeviceModel], None],
+        interval_s: float,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"rediscovery interval must be > 0 seconds, got {interval_s:g}")
+        self.inventory = inventory
+        self.on_change = on_change
+        self.interval_s = interval_s
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0  # completed rediscoveries, for diagnostics
+
+    def trigger(self) -> None:
+        """Re-discover now (safe from a signal handler: only sets an event)."""
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rediscovery", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def run_once(self) -> bool:
+        """One rediscovery; True when the model changed (and `on_change` was called)."""
+        try:
+            model, changed = self.inventory.refresh()
+        except (DiscoveryFailedError, HardwareError) as exc:
+            log.error("re-discovery failed; keeping the previous device model", error=str(exc))
+            return False
+        except Exception as exc:  # e.g. the simulator's state file gone: the same answer, with the cause
+            log.error("re-discovery crashed; keeping the previous device model", error=repr(exc))
+            return False
+        finally:
+            self.rounds += 1
+        if changed:
+            log.info("device inventory changed; republishing", devices=len(model.devices))
+            self.on_change(model)
+        return changed
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                self.run_once()
+            except Exception:  # a bug in one round must not end re-discovery for good
+                log.exception("re-discovery crashed")
