@@ -24,7 +24,7 @@ if str(REPO_ROOT) not in sys.path:
 from e2e.lib.driver import DriverControl, HostDriver  # noqa: E402
 from e2e.lib.incluster import InClusterDriver  # noqa: E402
 from e2e.lib.kubectl import Kubectl, KubectlError  # noqa: E402
-from e2e.lib.settings import DriverMode, E2ESettings, load_settings  # noqa: E402
+from e2e.lib.settings import DRIVER_NAME, DriverMode, E2ESettings, load_settings  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -61,6 +61,7 @@ def kubectl(settings: E2ESettings) -> Kubectl:
 
 @pytest.fixture(scope="session")
 def driver(settings: E2ESettings, kubectl: Kubectl) -> Iterator[DriverControl]:
+    _refuse_busy_node(kubectl)
     if settings.mode is DriverMode.IN_CLUSTER:
         in_cluster = InClusterDriver(settings, kubectl)
         in_cluster.wait_plugin_ready()
@@ -75,6 +76,23 @@ def driver(settings: E2ESettings, kubectl: Kubectl) -> Iterator[DriverControl]:
     yield host
     if installed_here and os.environ.get("DRA_GPU_E2E_KEEP_DRIVER") != "1":
         host.uninstall()
+
+
+def _refuse_busy_node(kubectl: Kubectl) -> None:
+    """The examples need the whole simulated node: fail early if claims from elsewhere hold its devices."""
+    from e2e.lib.claims import allocated_devices
+
+    busy = [
+        f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+        for c in kubectl.items("resourceclaims.resource.k8s.io", all_namespaces=True)
+        if any(d.is_ours for d in allocated_devices(c))
+    ]
+    if busy:
+        pytest.fail(
+            f"{len(busy)} ResourceClaim(s) already hold {DRIVER_NAME} devices: {busy[:8]}; delete them first "
+            "(the demo: make demo-down, or python -m e2e.lib.demo down to keep the cluster)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

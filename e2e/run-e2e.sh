@@ -25,7 +25,7 @@ export KUBECONFIG="$DRA_GPU_E2E_KUBECONFIG"
 log() { echo "[e2e] $*" >&2; }
 [[ -x "$PY" ]] || { log "no virtual environment: run 'make venv' first"; exit 2; }
 mkdir -p "$ARTIFACTS"
-rm -f "$REPORT" "$JUNIT"
+rm -f "$REPORT" "$JUNIT" "$ARTIFACTS/scheduler-junit.xml"
 
 started_cluster=0
 started_driver=0
@@ -110,5 +110,6 @@ if compgen -G "tests/allocator/test_*.py" >/dev/null; then
 fi
 
 # --- 4. summary -------------------------------------------------------------------------------------
-"$PY" -m e2e.lib.report --report "$REPORT" --junit "$JUNIT" | tee "$ARTIFACTS/e2e-summary.txt"
+"$PY" -m e2e.lib.report --report "$REPORT" --junit "$JUNIT" --junit "$ARTIFACTS/scheduler-junit.xml" \
+    | tee "$ARTIFACTS/e2e-summary.txt"
 exit "$rc"

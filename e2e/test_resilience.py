@@ -20,6 +20,7 @@ from e2e.lib.example_runner import cluster_has
 from e2e.lib.incluster import InClusterDriver
 from e2e.lib.kubectl import Kubectl
 from e2e.lib.settings import DRIVER_NAME, E2ESettings
+from e2e.lib.sim_view import mig_instances_by_gpu
 from e2e.lib.waiting import namespace_report, wait_for_pods, wait_until
 from e2e.lib.workloads import claim, claim_template, gpu_config_time_slicing, pod_with_template
 
@@ -140,7 +141,9 @@ def test_plugin_killed_during_pod_startup_then_pod_comes_up(
     claim_obj = kubectl.get_json("resourceclaims.resource.k8s.io", claim_name, namespace)
     assert is_allocated(claim_obj)
     state = driver.sim_state()
-    slices = {d["name"]: d for s in _node_slices(kubectl, driver.node_name) for d in s["spec"].get("devices") or []}
+    slices = {
+        d["name"]: d for s in _node_slices(kubectl, driver.node_name) for d in s["spec"].get("devices") or []
+    }
     device = claim_obj["status"]["allocation"]["devices"]["results"][0]["device"]
     uuid = slices[device]["attributes"]["uuid"]["string"]
     gpu = next(g for g in state["gpus"] if g["uuid"] == uuid)
@@ -194,3 +197,58 @@ def test_webhook_rejects_bad_config_naming_the_field(
     # The same claim with a valid value goes through the same webhook.
     good = claim(namespace, "good", gpu_config_time_slicing("Medium"))
     assert kubectl.try_apply(yaml.safe_dump(good)).returncode == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.disruptive
+def test_plugin_killed_during_unprepare_then_cleanup_completes(
+    kubectl: Kubectl, driver: DriverControl, settings: E2ESettings, namespace: str
+) -> None:
+    """SIGKILL in the middle of NodeUnprepareResources of an on-demand MIG claim; after a restart the kubelet
+    retries, and the MIG instance and the claim's CDI spec are gone (the checkpoint carried what to undo)."""
+    if not isinstance(driver, HostDriver):
+        pytest.skip("needs the plugin's fault points (host mode)")
+    before = mig_instances_by_gpu(driver.sim_state())
+    template = claim_template(
+        namespace,
+        "mig",
+        device_class="mig.nvidia.com",
+        selector="device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",
+    )
+    _apply(kubectl, template, pod_with_template(namespace, "pod", "mig", settings.test_image))
+    pods = wait_for_pods(
+        kubectl,
+        namespace,
+        ["pod"],
+        phases=("Running",),
+        timeout_s=settings.pod_timeout_s,
+        driver_log_tail=driver.log_tail,
+    )
+    claim_obj = kubectl.get_json(
+        "resourceclaims.resource.k8s.io", pod_claim_names(pods["pod"])["gpu"], namespace
+    )
+    uid = claim_obj["metadata"]["uid"]
+    created = {
+        (gpu, key) for gpu, inst in mig_instances_by_gpu(driver.sim_state()).items() for key in inst
+    } - {(gpu, key) for gpu, inst in before.items() for key in inst}
+    assert len(created) == 1, f"expected one MIG instance created for the claim, got {created}"
+    assert any(uid in name for name in driver.cdi_spec_names()), "no CDI spec named after the claim"
+    driver.stop_plugin()
+    driver.start_plugin(env={"DRA_GPU_FAULT_KILL_AT": "unprepare-group-0"})
+    driver.wait_plugin_ready()
+    kubectl.run("delete", "pod", "pod", "-n", namespace, "--wait=false")
+    driver.wait_plugin_exit(timeout_s=settings.pod_timeout_s)
+    assert "fault injection: killing process at step unprepare-group-0" in driver.log_tail(200)
+    driver.start_plugin()
+    driver.wait_plugin_ready()
+
+    def cleaned_up() -> bool:
+        now = {(gpu, key) for gpu, inst in mig_instances_by_gpu(driver.sim_state()).items() for key in inst}
+        return not (created & now) and not any(uid in name for name in driver.cdi_spec_names())
+
+    wait_until(
+        cleaned_up,
+        timeout_s=settings.pod_timeout_s,
+        what="the MIG instance and CDI spec to be removed",
+        explain=lambda: f"MIG now: {mig_instances_by_gpu(driver.sim_state())}\n{driver.log_tail()}",
+    )

@@ -1,4 +1,7 @@
-"""`--hardware` + `--nvidia-driver-root` -> a `GpuHardware`.
+"""`--hardware` + the driver root as this process sees it -> a `GpuHardware`.
+
+The driver root passed in is `--container-driver-root` (`CONTAINER_DRIVER_ROOT`) when set, else
+`--nvidia-driver-root`: errors about paths under it name both flags, as either may be the wrong one.
 
 - `real`: pynvml with `libnvidia-ml.so.1` loaded from the driver root (not from the loader's search path, so
   the
@@ -35,13 +38,19 @@ def known_hardware() -> list[str]:
     return [REAL, *profiles.known_hardware_names()]
 
 
+DRIVER_ROOT_FLAGS_HINT = (
+    "set --nvidia-driver-root to where the driver is installed on the host ('/' for a host install, "
+    "'/run/nvidia/driver' for the GPU operator) and, when this process sees that directory at another path "
+    "(a mount in its container, e.g. /driver-root), --container-driver-root (env CONTAINER_DRIVER_ROOT) to "
+    "that path"
+)
+
+
 def find_nvml_library(driver_root: str) -> Path:
     root = Path(driver_root)
     if not root.is_dir() or not os.access(root, os.R_OK | os.X_OK):
         raise HardwareError(
-            f"NVIDIA driver root {driver_root!r} is not a readable directory: set --nvidia-driver-root to "
-            "where the driver is installed on the host ('/' for a host install, '/run/nvidia/driver' for "
-            "the GPU operator)"
+            f"NVIDIA driver root {driver_root!r} is not a readable directory: {DRIVER_ROOT_FLAGS_HINT}"
         )
     candidates = [root / d / LIBRARY_NAME for d in LIBRARY_DIRS]
     for path in candidates:
@@ -49,7 +58,8 @@ def find_nvml_library(driver_root: str) -> Path:
             return path
     raise HardwareError(
         f"{LIBRARY_NAME} not found under NVIDIA driver root {driver_root!r} (looked in "
-        f"{', '.join(str(c) for c in candidates)}): is the NVIDIA driver installed there?"
+        f"{', '.join(str(c) for c in candidates)}): is the NVIDIA driver installed there? "
+        f"{DRIVER_ROOT_FLAGS_HINT}"
     )
 
 
@@ -85,7 +95,10 @@ def open_hardware(hardware: str, driver_root: str, *, seed: str | None = None) -
     try:
         init_sim_driver_root(driver_root, hardware, seed)
     except (StateError, OSError) as err:
-        raise HardwareError(f"simulated driver root {driver_root!r}: {err}") from err
+        raise HardwareError(
+            f"simulated driver root {driver_root!r}: {err} (the root named by --container-driver-root, env "
+            "CONTAINER_DRIVER_ROOT, else by --nvidia-driver-root)"
+        ) from err
     return NvmlHardware(
         open_simulated_nvml(driver_root), driver_root, sysfs_root=os.path.join(driver_root, "sys")
     )

@@ -483,6 +483,12 @@ class NvmlHardware:
         ):
             try:
                 done = self._run([smi, *args])
+            except FileNotFoundError as err:
+                raise HardwareError(
+                    f"GPU {gpu_uuid}: cannot run {smi}: not found under the driver root "
+                    f"{self._driver_root!r} (where this process sees it: --container-driver-root, env "
+                    "CONTAINER_DRIVER_ROOT, by default --nvidia-driver-root)"
+                ) from err
             except OSError as err:
                 raise HardwareError(f"GPU {gpu_uuid}: cannot run {smi}: {err}") from err
             if done.returncode == 0:

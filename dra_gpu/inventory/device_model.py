@@ -8,9 +8,13 @@ What each GPU contributes:
   can
   create MIG devices now: Hopper+ whatever the MIG mode (the plugin enables MIG on demand), Ampere only while
   MIG is
-  already enabled (enabling it needs a GPU reset). Instances that already exist are not published separately:
-  in
-  dynamic mode they belong to prepared claims (the plugin destroys the others at start-up);
+  already enabled (enabling it needs a GPU reset). Instances that exist are split by `owned_mig`, the
+  (parent UUID, GPU-instance id) pairs the plugin created for checkpointed claims: an owned instance changes
+  nothing (the scheduler already accounts for it through its claim's allocation and counters, and hiding the
+  allocated device would strand the claim); any other instance (made out of band, e.g. with nvidia-smi or
+  mig-parted; the plugin destroys only leftovers of its own at start-up) is published as a `mig` device with
+  its `uuid` (kind MIG_STATIC), and the whole GPU, the share device and every placement whose memory slices
+  overlap it are left out, so the pool offers only what is really free;
 - static MIG (dynamic_mig off): the MIG devices that exist now (type `mig`, with their `uuid`); MIG enabled
   without
   instances contributes nothing and a warning;
@@ -44,9 +48,10 @@ otherwise every device of one type has the same attribute set.
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from dra_gpu.hardware.types import DiscoveryResult, GpuInfo, MigInstance, MigProfileInfo
+from dra_gpu.hardware.types import DiscoveryResult, GpuInfo, MigInstance, MigPlacement, MigProfileInfo
 from dra_gpu.inventory import mig_geometry, naming
 from dra_gpu.inventory.model import (
     Attribute,
@@ -76,6 +81,9 @@ class ModelOptions:
     share_compute_min: int = 5  # percent of SMs
     share_compute_default: int = 10
 
+
+# (parent GPU UUID, GPU-instance id) of the MIG instances the plugin created for checkpointed claims
+OwnedMig = Collection[tuple[str, int]]
 
 _VERSION_PARTS = re.compile(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?")
 
@@ -182,13 +190,85 @@ def _mig_device(
     )
 
 
+def _overlaps(a: MigPlacement, b: MigPlacement) -> bool:
+    return a.start < b.start + b.size and b.start < a.start + a.size
+
+
+def _foreign_instances(gpu: GpuInfo, owned_mig: OwnedMig) -> list[MigInstance]:
+    """The MIG instances on `gpu` that no claim of ours owns (made out of band)."""
+    return [i for i in gpu.mig_instances if (gpu.uuid, i.gi_id) not in owned_mig]
+
+
+def _publishable_instances(
+    gpu: GpuInfo, instances: Collection[MigInstance], warnings: list[str]
+) -> list[tuple[MigProfileInfo, MigInstance]]:
+    """The instances that can be published as devices, with their profile, ordered by GPU instance.
+
+    A device name says profile and placement, i.e. one GPU instance: a GPU instance split into several compute
+    instances is published once (its first compute instance), the others are named in a warning. An instance
+    of a profile that discovery did not list is not published (its capacities are unknown).
+    """
+    by_id = {p.gi_profile_id: p for p in gpu.mig_profiles}
+    chosen: dict[int, tuple[MigProfileInfo, MigInstance]] = {}
+    for instance in sorted(instances, key=lambda m: (m.gi_id, m.ci_id)):
+        known = by_id.get(instance.gi_profile_id)
+        if known is None:
+            warnings.append(
+                f"GPU {gpu.minor}: MIG device {instance.uuid} has unknown profile id "
+                f"{instance.gi_profile_id}; not published"
+            )
+        elif instance.gi_id in chosen:
+            first = chosen[instance.gi_id][1]
+            warnings.append(
+                f"GPU {gpu.minor}: MIG device {instance.uuid} is compute instance {instance.ci_id} of GPU "
+                f"instance {instance.gi_id}, already published as {first.uuid}; not published separately"
+            )
+        else:
+            chosen[instance.gi_id] = (known, instance)
+    return list(chosen.values())
+
+
+def _dynamic_mig_devices(
+    gpu: GpuInfo,
+    discovery: DiscoveryResult,
+    counter_set: CounterSet | None,
+    foreign: Collection[MigInstance],
+    warnings: list[str],
+) -> list[Device]:
+    """Every (profile, placement) that is free, in publishing order; an out-of-band instance takes the place
+    of the placement it occupies (same name, now with its uuid) and hides every placement it overlaps."""
+    taken = [i.placement for i in foreign]
+    static_at = {
+        (profile.gi_profile_id, instance.placement.start): (profile, instance)
+        for profile, instance in _publishable_instances(gpu, foreign, warnings)
+    }
+    devices: list[Device] = []
+    for profile in gpu.mig_profiles:
+        for placement in sorted(profile.placements, key=lambda p: -p.start):
+            found = static_at.pop((profile.gi_profile_id, placement.start), None)
+            if found is not None:
+                devices.append(_mig_device(gpu, discovery, profile, placement.start, counter_set, found[1]))
+            elif not any(_overlaps(placement, t) for t in taken):
+                devices.append(_mig_device(gpu, discovery, profile, placement.start, counter_set, None))
+    for profile, instance in static_at.values():  # at a placement discovery did not list: still real
+        devices.append(_mig_device(gpu, discovery, profile, instance.placement.start, counter_set, instance))
+    return devices
+
+
 def _gpu_devices(
-    gpu: GpuInfo, discovery: DiscoveryResult, options: ModelOptions
+    gpu: GpuInfo, discovery: DiscoveryResult, options: ModelOptions, owned_mig: OwnedMig
 ) -> tuple[list[Device], CounterSet | None, list[str]]:
     warnings: list[str] = []
-    whole = _publishes_whole_gpu(gpu, options)
     dynamic = options.dynamic_mig and _dynamic_mig_possible(gpu)
+    foreign = _foreign_instances(gpu, owned_mig) if dynamic else []
+    whole = _publishes_whole_gpu(gpu, options) and not foreign
     share = whole and options.fractional and _supports_shares(gpu)
+    if foreign:
+        warnings.append(
+            f"GPU {gpu.minor} ({gpu.uuid}) has MIG device(s) made outside this driver "
+            f"({', '.join(sorted(i.uuid for i in foreign))}): published as they are; the placements they "
+            "overlap (and the whole GPU and its share device) are withheld until they are destroyed"
+        )
     if whole and options.fractional and not share:
         major, minor = gpu.cuda_compute_capability
         warnings.append(
@@ -216,24 +296,14 @@ def _gpu_devices(
             )
         )
     if dynamic:
-        for profile in gpu.mig_profiles:
-            for placement in sorted(profile.placements, key=lambda p: -p.start):
-                devices.append(_mig_device(gpu, discovery, profile, placement.start, counter_set, None))
+        devices.extend(_dynamic_mig_devices(gpu, discovery, counter_set, foreign, warnings))
     elif gpu.mig_enabled:
         if not gpu.mig_instances:
             warnings.append(
                 f"GPU {gpu.minor} ({gpu.uuid}) has MIG enabled but no MIG devices: nothing to publish"
             )
-        by_id = {p.gi_profile_id: p for p in gpu.mig_profiles}
-        for instance in sorted(gpu.mig_instances, key=lambda m: (m.gi_id, m.ci_id)):
-            known = by_id.get(instance.gi_profile_id)
-            if known is None:
-                warnings.append(
-                    f"GPU {gpu.minor}: MIG device {instance.uuid} has unknown profile id "
-                    f"{instance.gi_profile_id}; not published"
-                )
-                continue
-            devices.append(_mig_device(gpu, discovery, known, instance.placement.start, None, instance))
+        for profile, instance in _publishable_instances(gpu, gpu.mig_instances, warnings):
+            devices.append(_mig_device(gpu, discovery, profile, instance.placement.start, None, instance))
     if share:
         memory_min = min(options.share_memory_step, gpu.memory_bytes)
         attrs = {"type": Attribute("string", "gpu-share"), "uuid": Attribute("string", gpu.uuid), **common}
@@ -268,13 +338,17 @@ def _gpu_devices(
     return devices, counter_set, warnings
 
 
-def build_device_model(discovery: DiscoveryResult, options: ModelOptions | None = None) -> DeviceModel:
+def build_device_model(
+    discovery: DiscoveryResult, options: ModelOptions | None = None, owned_mig: OwnedMig = frozenset()
+) -> DeviceModel:
+    """The node's device model. `owned_mig`: (parent GPU UUID, GPU-instance id) of every MIG instance the
+    plugin created for a checkpointed claim (dynamic MIG only; see the module docstring)."""
     options = options or ModelOptions()
     devices: list[Device] = []
     counter_sets: list[CounterSet] = []
     warnings: list[str] = [e.message for e in discovery.errors]  # messages already name the GPU
     for gpu in sorted(discovery.gpus, key=lambda g: g.minor):
-        gpu_devices, counter_set, gpu_warnings = _gpu_devices(gpu, discovery, options)
+        gpu_devices, counter_set, gpu_warnings = _gpu_devices(gpu, discovery, options, owned_mig)
         devices.extend(gpu_devices)
         warnings.extend(gpu_warnings)
         if counter_set is not None:

@@ -6,16 +6,31 @@ model every `interval_s` seconds and whenever `trigger()` is called (SIGHUP), an
 from the last one to `on_change` (the ResourceSlice controller's `update_model`). A discovery that finds no
 GPU at all because NVML itself failed keeps the previous model: withdrawing every device of the node because
 the driver hiccuped once would make the scheduler move work away for nothing.
+
+MIG devices that exist are told apart by `owned_mig` (the prepare service's `owned_mig_placements`, read from
+the checkpoint): the ones our claims own leave the model as it is, any other is published as it is and hides
+what it overlaps (`build_device_model`). The owned set is read before AND after discovering, and the union
+used: the checkpoint lock serialises with prepare/unprepare, so an instance a prepare created while the
+hardware was read is in the second read, and one an unprepare destroyed meanwhile is in the first; either way
+our own MIG changes never show up as out-of-band devices. Until a source is connected every instance counts
+as ours (what is ours is unknown before the checkpoint is read; hiding a prepared claim's device would be
+worse than offering an occupied placement). `on_discovery` gets every successful discovery (the sharing
+manager's `refresh`, so prepares act on current GPU facts).
+
+Start-up order (the composition root): build the inventory (hardware check), start the prepare service (load
+the checkpoint, destroy leftover MIG devices of our own), `connect` the owned set and `refresh`, then publish.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 
 import structlog
 
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
+from dra_gpu.hardware.types import DiscoveryResult
 from dra_gpu.inventory.device_model import ModelOptions, build_device_model
 from dra_gpu.inventory.model import DeviceModel
 
@@ -26,23 +41,66 @@ class DiscoveryFailedError(Exception):
     """NVML could not enumerate the GPUs at all; the message says why."""
 
 
+# (parent GPU UUID, GPU-instance id) of the MIG instances our checkpointed claims own
+OwnedMigSource = Callable[[], Collection[tuple[str, int]]]
+# called with each successful discovery and when it began (time.monotonic())
+DiscoveryListener = Callable[[DiscoveryResult, float], None]
+
+
 class DeviceInventory:
     """The node's device model, built from the hardware at construction; `refresh()` re-discovers."""
 
-    def __init__(self, hardware: GpuHardware, options: ModelOptions | None = None) -> None:
+    def __init__(
+        self,
+        hardware: GpuHardware,
+        options: ModelOptions | None = None,
+        *,
+        owned_mig: OwnedMigSource | None = None,
+        on_discovery: DiscoveryListener | None = None,
+    ) -> None:
         self.hardware = hardware
         self.options = options or ModelOptions()
+        self._owned_mig = owned_mig
+        self._on_discovery = on_discovery
         self._lock = threading.Lock()
         self._model = self._build(initial=True)
 
+    def connect(self, *, owned_mig: OwnedMigSource, on_discovery: DiscoveryListener | None = None) -> None:
+        """Use `owned_mig` (and tell `on_discovery`) from the next `refresh()` on: once the prepare service
+        has started, the checkpoint says which MIG instances are ours."""
+        self._owned_mig = owned_mig
+        self._on_discovery = on_discovery
+
+    def _owned(self) -> frozenset[tuple[str, int]] | None:
+        """The owned set now; None while no source is connected (not known yet)."""
+        if self._owned_mig is None:
+            return None
+        try:
+            return frozenset(self._owned_mig())
+        except Exception as exc:  # e.g. the checkpoint lock timed out: publishing guesses would be worse
+            raise DiscoveryFailedError(f"cannot read which MIG devices prepared claims own: {exc}") from exc
+
     def _build(self, *, initial: bool = False) -> DeviceModel:
+        owned_before = self._owned()
+        started_at = time.monotonic()
         discovery = self.hardware.discover()
         for error in discovery.errors:
             log.warning("GPU discovery problem", gpu_index=error.gpu_index, error=error.message)
         global_errors = [e.message for e in discovery.errors if e.gpu_index is None]
         if not initial and not discovery.gpus and global_errors:
             raise DiscoveryFailedError("; ".join(global_errors))
-        return build_device_model(discovery, self.options)
+        owned_after = self._owned()
+        if owned_before is None or owned_after is None:
+            # Not connected (yet): which instances are ours is unknown, so take them all for ours, which
+            # keeps the model as it was before out-of-band devices were told apart, rather than hide the
+            # devices of prepared claims.
+            owned = frozenset((g.uuid, i.gi_id) for g in discovery.gpus for i in g.mig_instances)
+        else:
+            owned = owned_before | owned_after  # why both: see the module docstring
+        model = build_device_model(discovery, self.options, owned_mig=owned)
+        if self._on_discovery is not None:
+            self._on_discovery(discovery, started_at)
+        return model
 
     def model(self) -> DeviceModel:
         with self._lock:
@@ -54,7 +112,10 @@ class DeviceInventory:
         model = self._build()
         with self._lock:
             changed = model != self._model
-            self._model = model
+            previous, self._model = self._model, model
+        for warning in model.warnings:
+            if warning not in previous.warnings:  # e.g. MIG devices made out of band: say so once
+                log.warning("device model", warning=warning)
         return model, changed
 
 

@@ -150,24 +150,35 @@ def _mig_json(instance: MigInstance) -> dict[str, Any]:
     }
 
 
-def owned_mig_instances(entries: Iterable[ClaimEntry], model: DeviceModel) -> set[tuple[str, int, int]]:
-    """(parent uuid, gi id, ci id) of every MIG instance a checkpointed claim uses, plus every static MIG
-    device of the model (made by an administrator, never ours to destroy)."""
-    by_name = model.by_name()
-    owned: set[tuple[str, int, int]] = {
-        (d.parent_uuid, d.mig.gi_id, d.mig.ci_id or 0)
-        for d in model.devices
-        if d.kind is DeviceKind.MIG_STATIC and d.mig is not None and d.mig.gi_id is not None
-    }
+def owned_mig_instances(entries: Iterable[ClaimEntry]) -> set[tuple[str, int, int]]:
+    """(parent uuid, gi id, ci id) of every MIG instance this driver created for a checkpointed claim.
+
+    Only what the checkpoint recorded as created counts, never what the device model says: before start-up
+    the model is built without knowing which instances are ours, so a leftover of ours shows up in it as a
+    static MIG device, possibly under the very name a checkpointed claim was allocated. MIG devices an
+    administrator made need no protection here: start-up cleanup destroys only instances the sharing manager
+    recorded as created by this driver."""
+    owned: set[tuple[str, int, int]] = set()
     for entry in entries:
         for group in entry.groups:
             for mig in group.mig_instances.values():
                 owned.add((str(mig["parentUUID"]), int(mig["giID"]), int(mig["ciID"])))
-        for prepared in entry.devices:
-            device = by_name.get(prepared.device)
-            if device is not None and device.mig is not None and device.mig.gi_id is not None:
-                owned.add((device.parent_uuid, device.mig.gi_id, device.mig.ci_id or 0))
+            for data in group.state.get("migCreated") or ():  # the sharing manager's own record of them
+                owned.add((str(data["parentUuid"]), int(data["giId"]), int(data["ciId"])))
     return owned
+
+
+def owned_mig_placements(entries: Iterable[ClaimEntry]) -> frozenset[tuple[str, int]]:
+    """(parent uuid, GPU-instance id) of every MIG instance this driver created for a checkpointed claim
+    (prepared or being prepared): the device model leaves these as they are (`build_device_model`)."""
+    owned: set[tuple[str, int]] = set()
+    for entry in entries:
+        for group in entry.groups:
+            for mig in group.mig_instances.values():
+                owned.add((str(mig["parentUUID"]), int(mig["giID"])))
+            for data in group.state.get("migCreated") or ():  # the sharing manager's own record of them
+                owned.add((str(data["parentUuid"]), int(data["giId"])))
+    return frozenset(owned)
 
 
 class PrepareService:
@@ -665,7 +676,7 @@ class PrepareService:
                     claims=sorted(checkpoint.previous_boot_claims),
                 )
                 self.checkpoints.write(checkpoint)
-            owned = owned_mig_instances(checkpoint.claims.values(), self.device_model())
+            owned = owned_mig_instances(checkpoint.claims.values())
             try:
                 destroyed = self.sharing.destroy_unowned_mig(owned)
             except Exception as exc:  # serve anyway: leftover MIG devices only cost capacity
@@ -727,6 +738,12 @@ class PrepareService:
                 except ClaimError as exc:
                     log.warning("stale claim cleanup failed", claim=str(ref), error=str(exc))
         return cleaned
+
+    def owned_mig_placements(self) -> frozenset[tuple[str, int]]:
+        """(parent uuid, GPU-instance id) of the MIG instances our checkpointed claims own, read under the
+        checkpoint lock (so never in the middle of a prepare or unprepare). Raises CheckpointError."""
+        with self.checkpoints.locked():
+            return owned_mig_placements(self.checkpoints.read().claims.values())
 
     @property
     def started(self) -> bool:

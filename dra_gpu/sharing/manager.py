@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ import structlog
 
 from dra_gpu.config.api import ConfigError
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
-from dra_gpu.hardware.types import GpuInfo, MigInstance
+from dra_gpu.hardware.types import DiscoveryResult, GpuInfo, MigInstance
 from dra_gpu.inventory.model import DeviceKind
 from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, CdiMount, GroupResult, SharingError
 from dra_gpu.sharing.mig_lifecycle import MigLifecycle, instance_from_json, instance_json
@@ -91,6 +92,9 @@ class HardwareSharingManager:
         self._mig = MigLifecycle(hardware, self._registry)
         self._lock = threading.RLock()  # GPU-global settings: one claim's sharing change at a time
         self._gpus: dict[str, GpuInfo] | None = None
+        # When our own MIG actions last changed the hardware (time.monotonic()): a discovery that started
+        # before that is older than what we know, and `refresh` ignores it.
+        self._mig_changed_at = float("-inf")
 
     @property
     def registry(self) -> Registry:
@@ -103,6 +107,21 @@ class HardwareSharingManager:
             result = self._hardware.discover()
             self._gpus = {g.uuid: g for g in result.gpus}
         return self._gpus
+
+    def _mig_changed(self) -> None:
+        """Our own MIG action changed the hardware: the cached facts are stale (the next prepare re-reads)."""
+        self._gpus = None
+        self._mig_changed_at = time.monotonic()
+
+    def refresh(self, discovery: DiscoveryResult, started_at: float | None = None) -> None:
+        """Take the GPU facts of a re-discovery (the plugin calls this after each one), so that prepares that
+        do not re-read the hardware (everything but on-demand MIG) do not act on stale facts: a compute mode,
+        MIG mode or MIG device changed out of band, a GPU gone. `started_at` (time.monotonic() when the
+        discovery began) lets a discovery that raced with one of our own MIG changes be ignored."""
+        with self._lock:
+            if started_at is not None and started_at < self._mig_changed_at:
+                return
+            self._gpus = {g.uuid: g for g in discovery.gpus}
 
     # ---- prepare -------------------------------------------------------------------------------------------
 
@@ -152,12 +171,15 @@ class HardwareSharingManager:
                     edits = self._join_shared_mps(claim_uid, plan.shares, state)
             except Exception as err:
                 problems = self._undo(claim_uid, state)
+                if state["migCreated"]:
+                    self._mig_changed()
                 cleanup = f" (cleanup failed: {'; '.join(problems)})" if problems else ""
                 if isinstance(err, SharingError):
                     raise SharingError(f"{err}{cleanup}") from None
                 raise SharingError(f"sharing setup failed: {err!r}{cleanup}") from err
             state["edits"] = edits_to_json(edits)
-            self._gpus = None if created else self._gpus  # MIG mode may have changed
+            if created:  # MIG devices (and maybe MIG mode) changed
+                self._mig_changed()
             log.info(
                 "group prepared",
                 claim_uid=claim_uid,
@@ -243,7 +265,8 @@ class HardwareSharingManager:
     def unprepare_group(self, claim_uid: str, state: Mapping[str, Any]) -> None:
         with self._lock:
             problems = self._undo(claim_uid, state)
-            self._gpus = None if state.get("migCreated") else self._gpus
+            if state.get("migCreated"):
+                self._mig_changed()
         if problems:
             raise SharingError("; ".join(problems))
         log.info("group unprepared", claim_uid=claim_uid, devices=state.get("devices"))
@@ -290,7 +313,7 @@ class HardwareSharingManager:
             except HardwareError as err:
                 raise SharingError(f"cannot read the GPUs: {err}") from None
             destroyed = self._mig.destroy_unowned(owned, list(gpus.values()))
-            self._gpus = None
+            self._mig_changed()
             return destroyed
 
     def stop_unowned_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> list[str]:

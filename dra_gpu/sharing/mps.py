@@ -101,7 +101,8 @@ class MpsDaemons:
         if not os.access(binary, os.X_OK):
             raise SharingError(
                 f"cannot start MPS for {', '.join(spec.visible_uuids)}: {binary} is missing or not "
-                "executable (check --nvidia-driver-root)"
+                "executable (check --container-driver-root, env CONTAINER_DRIVER_ROOT: where this process "
+                "sees the driver root, by default --nvidia-driver-root)"
             )
         root = self._base / spec.daemon_id
         if root.exists():

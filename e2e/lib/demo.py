@@ -125,6 +125,8 @@ def showcase_rows(
                 phrase = (phrase + " " + _share_phrase(claim)).strip()
                 if phrase:
                     hows.append(phrase)
+            if not hows and any(mig_placement_of(d) for _, d in names):
+                hows.append("on-demand MIG (created at prepare)")
             hardware = sorted({_hardware_phrase(state, devices_by_key.get(k), k[1]) for k in names} - {""})
             rows.append(
                 (

@@ -299,9 +299,7 @@ class HostDriver:
         self.kubectl.apply(yaml.safe_dump_all(classes))
         log(f"DeviceClasses {[c['metadata']['name'] for c in classes]} from {source}")
         times["deviceclasses_s"] = time.monotonic() - t0
-        t0 = time.monotonic()
         self.init_sim()
-        times["sim_init_s"] = time.monotonic() - t0
         if not self._running(WEBHOOK):
             t0 = time.monotonic()
             self.start_webhook()

@@ -82,10 +82,15 @@ class Kubectl:
         return data
 
     def items(
-        self, kind: str, namespace: str | None = None, selector: str | None = None
+        self,
+        kind: str,
+        namespace: str | None = None,
+        selector: str | None = None,
+        all_namespaces: bool = False,
     ) -> list[dict[str, Any]]:
         args = ["get", kind, "-o", "json"]
         args += ["-n", namespace] if namespace else []
+        args += ["--all-namespaces"] if all_namespaces else []
         args += ["-l", selector] if selector else []
         items: list[dict[str, Any]] = json.loads(self.run(*args).stdout).get("items", [])
         return items

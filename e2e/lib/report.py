@@ -21,8 +21,10 @@ TIMING_LABELS = {
     "cluster_build_cold_s": "cluster build, cold (sum of component builds)",
     "cluster_build_warm_s": "cluster build, warm (everything cached)",
     "cluster_start_s": "cluster start (up to node Ready)",
-    "driver_plugin_ready_s": "driver install: plugin ready",
-    "driver_slices_published_s": "driver install: slices published",
+    "driver_deviceclasses_s": "driver install: DeviceClasses applied",
+    "driver_webhook_start_s": "driver install: webhook serving + registered",
+    "driver_plugin_ready_s": "driver install: plugin ready (/readyz)",
+    "driver_slices_published_s": "driver install: node's slices complete",
     "pod_create_to_running_s": "GPU pod create -> Running (median)",
     "node_prepare_s": "GPU pod: time in our NodePrepareResources (median)",
     "node_prepare_share_pct": "GPU pod: NodePrepareResources share of start-up",
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.lib.report")
     parser.add_argument("--report", default=str(ARTIFACTS_DIR / "e2e-report.json"))
     parser.add_argument("--build-times", default=str(ARTIFACTS_DIR / "build-times.json"))
-    parser.add_argument("--junit")
+    parser.add_argument("--junit", action="append", default=[], help="pytest junit XML (repeatable)")
     args = parser.parse_args(argv)
     report = load_report(Path(args.report))
     timings = dict(report.timings_s)
@@ -88,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
             timings.setdefault(key, value)
     print("\n== examples")
     print(examples_table(report.rows) if report.rows else "(no example ran)")
-    if args.junit and Path(args.junit).exists():
+    outcomes = [row for f in args.junit if Path(f).exists() for row in junit_outcomes(Path(f))]
+    if outcomes:
         print("\n== tests")
-        print(render_table(("test", "result", "message"), junit_outcomes(Path(args.junit)), max_width=90))
+        print(render_table(("test", "result", "message"), outcomes, max_width=90))
     print("\n== timings")
     print(timings_table(timings, TIMING_LABELS))
     for note in report.notes:

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 from dra_gpu.allocator.pools import Node
 from tests.allocator.builders import consumes, device, resource_slice, run
 
-pytestmark = [pytest.mark.scheduler, pytest.mark.apiserver]
+EXAMPLES = int(os.environ.get("DRA_GPU_DIFF_EXAMPLES", "15"))  # about 3 s each against the real scheduler
+pytestmark = [pytest.mark.scheduler, pytest.mark.apiserver, pytest.mark.timeout(120 + 10 * EXAMPLES)]
 
 DRIVER = f"diff-{uuid.uuid4().hex[:8]}.example.com"
 PREFIX = DRIVER.split(".")[0]
@@ -54,41 +55,47 @@ SELECTORS = [
 ]
 TAINT = {"key": "example.com/broken", "value": "yes", "effect": "NoSchedule"}
 
-device_spec = st.fixed_dictionaries(
-    {
-        "kind": st.sampled_from(["gpu", "mig"]),
-        "model": st.sampled_from(["a", "b"]),
-        "numa": st.sampled_from([0, 1, 1, None]),  # None: attribute missing, selectors on it fail at runtime
-        "memory": st.sampled_from(["10Gi", "40Gi"]),
-        "tainted": st.sampled_from([False, False, True]),
-        "counted": st.booleans(),
-    }
-)
-node_spec = st.fixed_dictionaries(
-    {
-        "devices": st.lists(device_spec, min_size=0, max_size=3),
-        "counter": st.sampled_from(["40Gi", "50Gi"]),
-        "incomplete": st.sampled_from([False, False, False, True]),  # one slice of the pool never arrives
-        # A second, invalid pool on the node (one device name twice), sorted before or after the good one.
-        "invalid_pool": st.sampled_from([None, None, "a", "z"]),
-    }
-)
-request_spec = st.fixed_dictionaries(
-    {
-        "kind": st.sampled_from(["gpu", "mig"]),
-        "count": st.integers(1, 2),
-        "selector": st.none() | st.sampled_from(range(len(SELECTORS))),
-        "tolerate": st.booleans(),
-        "fallback": st.none() | st.sampled_from(["gpu", "mig"]),
-    }
-)
-scenario_spec = st.fixed_dictionaries(
-    {
-        "nodes": st.lists(node_spec, min_size=1, max_size=2),
-        "requests": st.lists(request_spec, min_size=1, max_size=2),
-        "constraint": st.sampled_from([None, "match-numa", "distinct-model"]),
-    }
-)
+
+def scenarios(messy: bool) -> st.SearchStrategy[dict[str, Any]]:
+    """Inventories and a claim. `messy` adds what makes the scheduler give up on a node: missing attributes
+    that selectors read (CEL runtime errors), incomplete pools, invalid pools."""
+    device_spec = st.fixed_dictionaries(
+        {
+            "kind": st.sampled_from(["gpu", "mig"]),
+            "model": st.sampled_from(["a", "b"]),
+            # None: attribute missing, selectors on it fail at runtime
+            "numa": st.sampled_from([0, 1, 1, None] if messy else [0, 1]),
+            "memory": st.sampled_from(["10Gi", "40Gi"]),
+            "tainted": st.sampled_from([False, False, True]),
+            "counted": st.booleans(),
+        }
+    )
+    node_spec = st.fixed_dictionaries(
+        {
+            "devices": st.lists(device_spec, min_size=0 if messy else 1, max_size=3),
+            "counter": st.sampled_from(["40Gi", "50Gi"]),
+            # one slice of the pool never arrives
+            "incomplete": st.sampled_from([False, False, False, True] if messy else [False]),
+            # a second, invalid pool on the node (one device name twice), sorted before or after the good one
+            "invalid_pool": st.sampled_from([None, None, "a", "z"] if messy else [None]),
+        }
+    )
+    request_spec = st.fixed_dictionaries(
+        {
+            "kind": st.sampled_from(["gpu", "mig"]),
+            "count": st.integers(1, 2),
+            "selector": st.none() | st.sampled_from(range(len(SELECTORS))),
+            "tolerate": st.booleans(),
+            "fallback": st.none() | st.sampled_from(["gpu", "mig"]),
+        }
+    )
+    return st.fixed_dictionaries(
+        {
+            "nodes": st.lists(node_spec, min_size=1, max_size=2),
+            "requests": st.lists(request_spec, min_size=1, max_size=2),
+            "constraint": st.sampled_from([None, "match-numa", "distinct-model"]),
+        }
+    )
 
 
 def build_objects(
@@ -224,15 +231,18 @@ class Cluster:
             with contextlib.suppress(ApiException):  # already gone
                 call(*args, **kwargs)
 
-        quietly(self.core.delete_namespaced_pod, f"{example}-pod", "default", grace_period_seconds=0)
-        quietly(
-            self.custom.delete_namespaced_custom_object,
-            "resource.k8s.io",
-            "v1",
-            "default",
-            "resourceclaims",
-            f"{example}-claim",
-        )
+        for suffix in ("", "-first"):
+            quietly(
+                self.core.delete_namespaced_pod, f"{example}{suffix}-pod", "default", grace_period_seconds=0
+            )
+            quietly(
+                self.custom.delete_namespaced_custom_object,
+                "resource.k8s.io",
+                "v1",
+                "default",
+                "resourceclaims",
+                f"{example}{suffix}-claim",
+            )
         for slice_obj in slices:
             quietly(
                 self.custom.delete_cluster_custom_object,
@@ -243,6 +253,40 @@ class Cluster:
             )
         for node in nodes:
             quietly(self.core.delete_node, node.name)
+
+
+def submit(cluster: Cluster, example: str, claim: dict[str, Any], suffix: str = "") -> bool:
+    """Create the claim and a pod that uses it; True when kube-scheduler binds the pod."""
+    cluster.create("resourceclaims", claim, "default")
+    pod: Any = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{example}{suffix}-pod"},
+        "spec": {
+            "nodeSelector": {"diff-example": example},
+            "resourceClaims": [{"name": "c", "resourceClaimName": claim["metadata"]["name"]}],
+            "containers": [
+                {"name": "c", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "c"}]}}
+            ],
+            "terminationGracePeriodSeconds": 0,
+            # New Nodes are tainted not-ready (no kubelet here); node taints are not what we test.
+            "tolerations": [{"operator": "Exists"}],
+        },
+    }
+    cluster.core.create_namespaced_pod("default", pod)
+    return cluster.scheduled(f"{example}{suffix}-pod")
+
+
+def publish(cluster: Cluster, slices: list[dict[str, Any]], nodes: list[Node]) -> None:
+    for node in nodes:
+        cluster.create_node(node)
+    for slice_obj in slices:
+        cluster.create("resourceslices", slice_obj)
+    time.sleep(1.0)  # let the scheduler's informers see the slices before a pod arrives
+
+
+def verdict(feasible: bool) -> str:
+    return "feasible" if feasible else "infeasible"
 
 
 @pytest.fixture(scope="module")
@@ -261,50 +305,75 @@ def cluster(kube_scheduler: Any) -> Iterator[Cluster]:
 
 
 @settings(
-    max_examples=int(os.environ.get("DRA_GPU_DIFF_EXAMPLES", "15")),
+    max_examples=EXAMPLES,
     # Each example costs seconds against the real scheduler: report a failure as found, without shrinking.
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(scenario=scenario_spec)
+@given(scenario=scenarios(messy=True))
 def test_feasibility_agrees_with_kube_scheduler(cluster: Cluster, scenario: dict[str, Any]) -> None:
     example = f"{PREFIX}-{uuid.uuid4().hex[:6]}"
     slices, nodes, claim = build_objects(scenario, example)
     ours = run([claim], slices, classes=CLASSES, nodes=nodes)[0]
     try:
-        for node in nodes:
-            cluster.create_node(node)
-        for slice_obj in slices:
-            cluster.create("resourceslices", slice_obj)
-        cluster.create("resourceclaims", claim, "default")
-        time.sleep(1.0)  # let the scheduler's informers see the slices before the pod arrives
-        pod: Any = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"{example}-pod"},
-            "spec": {
-                "nodeSelector": {"diff-example": example},
-                "resourceClaims": [{"name": "c", "resourceClaimName": claim["metadata"]["name"]}],
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"claims": [{"name": "c"}]},
-                    }
-                ],
-                "terminationGracePeriodSeconds": 0,
-                # New Nodes are tainted not-ready (no kubelet here); node taints are not what we test.
-                "tolerations": [{"operator": "Exists"}],
-            },
-        }
-        cluster.core.create_namespaced_pod("default", pod)
-        theirs = cluster.scheduled(f"{example}-pod")
+        publish(cluster, slices, nodes)
+        theirs = submit(cluster, example, claim)
     finally:
         cluster.cleanup(example, slices, nodes)
-    event(f"kube-scheduler: {'feasible' if theirs else 'infeasible'}")
+    event(f"kube-scheduler: {verdict(theirs)}")
     assert ours.allocatable == theirs, (
-        f"allocator says {'feasible' if ours.allocatable else 'infeasible'} ({ours.reason}), "
-        f"kube-scheduler says {'feasible' if theirs else 'infeasible'}\n"
+        f"allocator says {verdict(ours.allocatable)} ({ours.reason}), kube-scheduler says {verdict(theirs)}\n"
         f"scenario: {scenario}\nclaim: {claim}\nslices: {slices}"
+    )
+
+
+first_claim_spec = st.fixed_dictionaries(
+    {"kind": st.sampled_from(["gpu", "mig"]), "count": st.integers(1, 2), "selector": st.none() | st.just(0)}
+)
+
+
+@settings(
+    max_examples=max(5, EXAMPLES // 2),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(scenario=scenarios(messy=False), first=first_claim_spec)
+def test_feasibility_after_an_earlier_allocation_agrees(
+    cluster: Cluster, scenario: dict[str, Any], first: dict[str, Any]
+) -> None:
+    """kube-scheduler allocates a first claim; the second one is judged with the first one's allocation (read
+    back from the API server) holding its devices and counters."""
+    example = f"{PREFIX}-{uuid.uuid4().hex[:6]}"
+    slices, nodes, claim = build_objects(scenario, example)
+    body: dict[str, Any] = {"deviceClassName": f"{PREFIX}-{first['kind']}", "count": first["count"]}
+    if first["selector"] is not None:
+        body["selectors"] = [{"cel": {"expression": SELECTORS[first["selector"]]}}]
+    first_claim: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": f"{example}-first-claim", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "first", "exactly": body}]}},
+    }
+    ours_first = run([first_claim], slices, classes=CLASSES, nodes=nodes)[0]
+    try:
+        publish(cluster, slices, nodes)
+        theirs_first = submit(cluster, example, first_claim, "-first")
+        assert ours_first.allocatable == theirs_first, (
+            f"first claim: allocator says {verdict(ours_first.allocatable)} ({ours_first.reason}), "
+            f"kube-scheduler says {verdict(theirs_first)}\nfirst: {first_claim}\nslices: {slices}"
+        )
+        live_first: Any = cluster.custom.get_namespaced_custom_object(
+            "resource.k8s.io", "v1", "default", "resourceclaims", first_claim["metadata"]["name"]
+        )
+        ours = run([claim], slices, classes=CLASSES, nodes=nodes, existing=[live_first])[0]
+        theirs = submit(cluster, example, claim)
+    finally:
+        cluster.cleanup(example, slices, nodes)
+    event(f"first claim {verdict(theirs_first)}, second claim {verdict(theirs)}")
+    assert ours.allocatable == theirs, (
+        f"allocator says {verdict(ours.allocatable)} ({ours.reason}), kube-scheduler says {verdict(theirs)}\n"
+        f"first claim's allocation: {live_first.get('status')}\nscenario: {scenario}\nclaim: {claim}\n"
+        f"slices: {slices}"
     )

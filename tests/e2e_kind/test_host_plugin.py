@@ -5,6 +5,7 @@ the recorded command line and publishes again."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -63,6 +64,7 @@ def test_plugin_host_process_publishes_slices_and_survives_sigkill(
     finally:
         driver.stop_plugin()
         kubectl.run("delete", "resourceslices.resource.k8s.io", "--all", check=False)
+        shutil.rmtree(kubelet_dir, ignore_errors=True)
 
 
 @pytest.mark.apiserver
@@ -98,6 +100,7 @@ def test_install_then_uninstall_leaves_nothing(kube_apiserver: Any, tmp_path: Pa
     finally:
         driver.uninstall()
         kubectl.run("delete", "resourceslices.resource.k8s.io", "--all", check=False)
+        shutil.rmtree(kubelet_dir, ignore_errors=True)
     assert not driver.webhook_running() and not driver.plugin_running()
     assert not kubectl.items("deviceclasses.resource.k8s.io")
 

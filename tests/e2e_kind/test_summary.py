@@ -79,3 +79,21 @@ def test_build_timings_prefer_whole_target_records() -> None:
         "cluster_build_warm_s": 0.4,
         "cluster_start_s": 21.5,
     }
+
+
+def test_junit_outcomes_read_pass_fail_skip(tmp_path: Path) -> None:
+    from e2e.lib.report import junit_outcomes
+
+    xml = tmp_path / "j.xml"
+    xml.write_text(
+        '<testsuites><testsuite name="s">'
+        '<testcase classname="a" name="ok"/>'
+        '<testcase classname="a" name="bad"><failure message="boom&#10;more">tb</failure></testcase>'
+        '<testcase classname="a" name="skipped"><skipped message="no webhook"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert junit_outcomes(xml) == [
+        ("ok", "pass", ""),
+        ("bad", "FAIL", "boom"),
+        ("skipped", "skip", "no webhook"),
+    ]

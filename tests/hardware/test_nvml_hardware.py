@@ -153,10 +153,13 @@ def test_one_broken_gpu_is_reported_and_the_rest_published(root: Path) -> None:
 def test_loader_errors_are_actionable(root: Path) -> None:
     with pytest.raises(HardwareError, match=r"unknown hardware 'dgx-z9'.*dgx-h100"):
         open_hardware("dgx-z9", str(root))
-    with pytest.raises(HardwareError, match="not a readable directory"):
+    with pytest.raises(HardwareError, match="not a readable directory") as missing:
         open_hardware("real", str(root / "missing"))
-    with pytest.raises(HardwareError, match=r"libnvidia-ml\.so\.1 not found"):
+    with pytest.raises(HardwareError, match=r"libnvidia-ml\.so\.1 not found") as no_library:
         open_hardware("real", str(root))
+    for err in (missing, no_library):  # the root may be the host's or the container's view of it
+        assert "--nvidia-driver-root" in str(err.value) and "--container-driver-root" in str(err.value)
+        assert "CONTAINER_DRIVER_ROOT" in str(err.value)
     open_hardware("h100-80gb", str(root / "sim"))
     with pytest.raises(HardwareError, match="simulated driver root has placeholder libraries"):
         open_hardware("real", str(root / "sim"))

@@ -137,9 +137,15 @@ def test_ampere_in_mig_mode_publishes_no_parent(root: Path) -> None:
     nvml.reset_gpu(0)
     instance = hw.create_mig_device(a100.uuid, 14, 2)  # 2g.10gb at 2:2
     discovery = hw.discover()
-    dynamic = build_device_model(discovery, ModelOptions(dynamic_mig=True))
+    # Created for one of our claims: every placement stays published (the claim's counters exclude it).
+    owned = {(a100.uuid, instance.gi_id)}
+    dynamic = build_device_model(discovery, ModelOptions(dynamic_mig=True), owned_mig=owned)
     gpu0 = [d for d in dynamic.devices if d.parent_minor == 0]
     assert all(d.kind == DeviceKind.MIG_DYNAMIC for d in gpu0) and len(gpu0) == 25
+    # Made out of band: published with its uuid, the placements it overlaps withheld.
+    foreign = [d for d in build_device_model(discovery).devices if d.parent_minor == 0]
+    assert [d.name for d in foreign if d.kind == DeviceKind.MIG_STATIC] == ["gpu-0-mig-2g10gb-14-2"]
+    assert all(not (_slices_of(d) & {2, 3}) for d in foreign if d.kind == DeviceKind.MIG_DYNAMIC)
     assert dynamic.by_name()["gpu-1"].kind == DeviceKind.GPU  # MIG disabled: whole GPU, no MIG (needs reset)
     assert not any(d.name.startswith("gpu-1-mig-") for d in dynamic.devices)
     static = build_device_model(discovery, ModelOptions(dynamic_mig=False))

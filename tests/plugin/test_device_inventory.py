@@ -13,8 +13,9 @@ import pytest
 
 from dra_gpu.hardware.loader import open_hardware
 from dra_gpu.hardware.sim_driver_root import state_path
+from dra_gpu.hardware.types import DiscoveryResult, MigInstance
 from dra_gpu.inventory.model import DeviceModel
-from dra_gpu.plugin.device_inventory import DeviceInventory, Rediscovery
+from dra_gpu.plugin.device_inventory import DeviceInventory, DiscoveryFailedError, Rediscovery
 from tests.plugin.plugin_harness import REPO_ROOT, SimNode
 
 
@@ -90,3 +91,93 @@ def test_interval_must_be_positive(sim: SimNode) -> None:
     inventory = DeviceInventory(open_hardware(sim.hardware, str(sim.driver_root)))
     with pytest.raises(ValueError, match="interval must be > 0"):
         Rediscovery(inventory, lambda _m: None, interval_s=0)
+
+
+PROFILE_2G = 14  # 2g.20gb on H100
+
+
+def test_mig_devices_of_our_claims_leave_the_model_unchanged(sim: SimNode) -> None:
+    hardware = open_hardware(sim.hardware, str(sim.driver_root))
+    owned: set[tuple[str, int]] = set()
+    discoveries: list[tuple[DiscoveryResult, float]] = []
+    inventory = DeviceInventory(
+        hardware, owned_mig=lambda: owned, on_discovery=lambda d, t: discoveries.append((d, t))
+    )
+    before = inventory.model()
+    assert len(discoveries) == 1
+    uuid = hardware.discover().gpus[1].uuid
+    instance = hardware.create_mig_device(uuid, PROFILE_2G, 4)
+
+    owned.add((uuid, instance.gi_id))  # a claim's: nothing changes
+    assert inventory.refresh() == (before, False)
+    assert discoveries[-1][0].gpus[1].mig_instances == (instance,)
+    assert discoveries[-1][1] > discoveries[0][1]
+
+    owned.clear()  # nobody's (made out of band): published, and the whole GPU withdrawn
+    model, changed = inventory.refresh()
+    assert changed and "gpu-1" not in names(model) and "gpu-1-mig-2g20gb-14-4" in names(model)
+    assert names(model) - names(before) == set()  # the static device takes the dynamic device's name
+
+
+def test_connect_takes_effect_at_the_next_refresh(sim: SimNode) -> None:
+    """The composition root builds the inventory before the checkpoint is read, and connects it after;
+    until then every MIG device counts as ours (the model stays as without any)."""
+    hardware = open_hardware(sim.hardware, str(sim.driver_root))
+    empty = names(DeviceInventory(hardware).model())
+    uuid = hardware.discover().gpus[2].uuid
+    instance = hardware.create_mig_device(uuid, PROFILE_2G, 0)
+    inventory = DeviceInventory(hardware)
+    assert names(inventory.model()) == empty
+    inventory.connect(owned_mig=frozenset)  # the checkpoint says: none of ours
+    model, changed = inventory.refresh()
+    assert changed and "gpu-2" not in names(model)
+    inventory.connect(owned_mig=lambda: {(uuid, instance.gi_id)})
+    model, changed = inventory.refresh()
+    assert changed and names(model) == empty
+
+
+def test_prepare_racing_with_discovery_never_looks_out_of_band(sim: SimNode) -> None:
+    """The owned set is read before and after discovering: a prepare that created its device while the
+    hardware was read (checkpointed by the second read) and an unprepare that destroyed one after it was
+    read (still checkpointed at the first) both leave the model alone."""
+    hardware = open_hardware(sim.hardware, str(sim.driver_root))
+    uuid = hardware.discover().gpus[3].uuid
+    inventory = DeviceInventory(hardware)
+    before = inventory.model()
+
+    created: list[MigInstance] = []
+
+    def prepare_during_discovery() -> frozenset[tuple[str, int]]:
+        if not created:  # first read: the prepare is running, nothing checkpointed yet
+            created.append(hardware.create_mig_device(uuid, PROFILE_2G, 2))
+            return frozenset()
+        return frozenset({(uuid, created[0].gi_id)})  # second read: checkpointed
+
+    inventory.connect(owned_mig=prepare_during_discovery)
+    assert inventory.refresh() == (before, False)
+
+    destroyed: list[bool] = []
+
+    def unprepare_after_discovery() -> frozenset[tuple[str, int]]:
+        if not destroyed:  # first read: still prepared
+            destroyed.append(False)
+            return frozenset({(uuid, created[0].gi_id)})
+        hardware.destroy_mig_device(uuid, created[0].gi_id, created[0].ci_id)  # done after the read
+        return frozenset()
+
+    inventory.connect(owned_mig=unprepare_after_discovery)
+    assert inventory.refresh() == (before, False)
+
+
+def test_unreadable_owned_set_keeps_the_previous_model(sim: SimNode) -> None:
+    def broken() -> frozenset[tuple[str, int]]:
+        raise OSError("checkpoint lock timed out")
+
+    inventory = DeviceInventory(open_hardware(sim.hardware, str(sim.driver_root)))
+    before = inventory.model()
+    inventory.connect(owned_mig=broken)
+    seen: list[DeviceModel] = []
+    rediscovery = Rediscovery(inventory, seen.append, interval_s=3600)
+    with pytest.raises(DiscoveryFailedError, match="cannot read which MIG devices prepared claims own"):
+        inventory.refresh()
+    assert rediscovery.run_once() is False and inventory.model() is before and seen == []
