@@ -1,16 +1,11 @@
 """`explain` of one claim over a 1,000-node cluster of simulated DGX H100 nodes (8 GPUs each, every MIG
-placement,
-one share device per GPU: 216 devices per node, 216,000 in all). Target: under 2 s on 2 cores.
+placement, one share device per GPU: 216 devices per node, 216,000 in all). Target: under 2 s on 2 cores.
 
 The inventory is made once from the hardware profile with `build_slices` for a template node and renamed per
-node
-(all nodes of one profile are identical apart from names); that setup is timed separately. The timed part is
-what
-`dra-gpu explain --hardware dgx-h100 --nodes 1000` does after building its inventory: index the slices,
-evaluate
-the selectors (cached per device shape), search the first node that fits, and report matching / rejected
-devices
-on every node.
+node (all nodes of one profile are identical apart from names); that setup is timed separately. The timed part
+is what `dra-gpu explain --hardware dgx-h100 --nodes 1000` does after building its inventory: index the
+slices, evaluate the selectors (cached per device shape), search the first node that fits, and report the
+matching and rejected devices of every node.
 """
 
 from __future__ import annotations

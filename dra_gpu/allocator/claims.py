@@ -1,8 +1,7 @@
 """Parse ResourceClaim specs and DeviceClasses (`resource.k8s.io/v1` shapes) into allocator requests.
 
 Errors name the object and field; CEL selectors are compiled here so that a bad expression is reported with
-its
-position before anything is allocated.
+its position before anything is allocated.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Explain, for a set of claims, what the scheduler would allocate in a cluster and why devices are rejected.
 
 Pure: takes parsed claims, DeviceClasses, a `SliceIndex`, the nodes and what other claims already hold. Nodes
-are
-tried in the scheduler's order (sorted names); the first node that fits gets the allocation, but the matching
-devices of every node are reported.
+are tried in the scheduler's order (sorted names); the first node that fits gets the allocation, but the
+matching devices of every node are reported.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Per-device checks that do not depend on what else gets picked: selectors, taints, capacity requests.
 
 Selector verdicts are cached per selector set, keyed by the values of exactly the device fields the
-expressions
-read (see `dra_gpu.cel.references`), so identical devices on a thousand nodes cost one evaluation.
+expressions read (see `dra_gpu.cel.references`), so identical devices on a thousand nodes cost one evaluation.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Data the allocator works on, parsed from wire-format (`resource.k8s.io/v1`) objects.
 
 Quantities are Decimals. Parsing of a device's counters and capacities is lazy because a 1,000-node inventory
-has
-hundreds of thousands of devices and most of them are never considered for allocation.
+has hundreds of thousands of devices and most of them are never considered for allocation.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """ResourceSlices -> resource pools as the scheduler sees them from one node.
 
 A slice is available on a node when `nodeName` is the node, `allNodes` is set, or `nodeSelector` matches the
-node's
-labels; with `perDeviceNodeSelection` every device says so itself. Slices are grouped by (driver, pool); only
-the
-highest generation counts; a pool with fewer slices than `resourceSliceCount` is incomplete, and duplicate
-device
-names, duplicate counter sets or dangling counter references make it invalid.
+node's labels; with `perDeviceNodeSelection` every device says so itself. Slices are grouped by (driver,
+pool); only the highest generation counts; a pool with fewer slices than `resourceSliceCount` is incomplete,
+and duplicate device names, duplicate counter sets or dangling counter references make it invalid.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 `explain --hardware <profile> --nodes 1000` and the benchmark model a cluster where every node has the same
 hardware: the slices differ only in the node name (slice name, pool name, nodeName). Sharing the (read-only)
 device and counter entries keeps a 216,000-device cluster at the memory cost of one node, and lets the
-selector
-cache recognise identical devices by identity.
+selector cache recognise identical devices by identity.
 """
 
 from __future__ import annotations

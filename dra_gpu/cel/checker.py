@@ -1,10 +1,9 @@
 """Compile-time checks, as far as they can be known without cel-go's full type checker.
 
 Reported like Kubernetes does at validation time: undeclared references, unknown functions, calls with no
-matching
-overload, unknown fields of `device`, and a result that is not bool. Types that cannot be inferred here are
-`None` ("unknown") and never cause an error, so the checker only rejects what cel-go would reject as well.
-Attribute values have the static type `any` (Kubernetes declares them as AnyType).
+matching overload, unknown fields of `device`, and a result that is not bool. Types that cannot be inferred
+here are `None` ("unknown") and never cause an error, so the checker only rejects what cel-go would reject as
+well. Attribute values have the static type `any` (Kubernetes declares them as AnyType).
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ _DISPLAY = {
     "semver": "kubernetes.Semver",
     "device": "kubernetes.DRADevice",
     "null": "null_type",
+    "optional": "optional_type(dyn)",
 }
 
 
@@ -145,6 +145,14 @@ class Checker:
 
     def _select(self, node: Select, scope: Mapping[str, StaticType]) -> StaticType:
         operand = self.check(node.operand, scope)
+        if operand == "optional":
+            return "optional"  # optional chaining; the contained type is not tracked
+        if node.optional:
+            if operand == "device" and node.name not in DEVICE_FIELDS:
+                raise self.fail(node, f"undefined field '{node.name}'")
+            if operand not in _LOOSE and operand not in _MAP_LIKE and operand != "device":
+                raise self.fail(node, f"type '{display(operand)}' does not support field selection")
+            return "optional"
         if operand == "device":
             if node.name not in DEVICE_FIELDS:
                 raise self.fail(node, f"undefined field '{node.name}'")
@@ -158,6 +166,8 @@ class Checker:
     def _index(self, node: Index, scope: Mapping[str, StaticType]) -> StaticType:
         operand = self.check(node.operand, scope)
         index = self.check(node.index, scope)
+        if operand == "optional" or node.optional:
+            return "optional"
         if operand == "list":
             self._need(node, "_[_]", [index], ("int", "uint"))
             return None

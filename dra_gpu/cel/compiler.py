@@ -4,8 +4,7 @@ Semantics follow cel-go as configured by Kubernetes: `&&`/`||` absorb an error w
 result, `all`/`exists` likewise, heterogeneous equality (`1 == 1.0` is true at runtime, `'1' == 1` is false),
 ordering across int/uint/double, int64/uint64 overflow errors, truncating integer division. The cost counter
 approximates cel-go's runtime cost (one unit per operation, call and comprehension step; string functions add
-one
-unit per 10 characters); exceeding the limit aborts the whole evaluation.
+one unit per 10 characters); exceeding the limit aborts the whole evaluation.
 """
 
 from __future__ import annotations
@@ -34,6 +33,8 @@ from dra_gpu.cel.syntax import (
 )
 from dra_gpu.cel.values import (
     INT64_MIN,
+    NONE,
+    CelOptional,
     CelType,
     DeviceValue,
     DomainMap,
@@ -97,57 +98,111 @@ def _ident(node: Ident) -> Program:
     return run
 
 
+def _select_value(value: Any, name: str, test_only: bool) -> Any:
+    if isinstance(value, DomainMap):
+        # Kubernetes' wrapper answers every lookup: unknown domains are empty maps.
+        return True if test_only else value.lookup(name)
+    if isinstance(value, dict):
+        if test_only:
+            return name in value
+        try:
+            return value[name]
+        except KeyError:
+            raise CelEvalError(f"no such key: {name}") from None
+    if isinstance(value, DeviceValue):
+        if name not in DeviceValue.FIELDS:
+            raise CelEvalError(f"no such field: {name}")
+        return True if test_only else getattr(value, name)
+    raise CelEvalError(f"type '{type_name(value)}' does not support field selection")
+
+
+def _select_optional(value: Any, name: str) -> CelOptional:
+    """`value.?name`: the field if present, else optional.none()."""
+    if isinstance(value, DomainMap):
+        return CelOptional(value.lookup(name), True)
+    if isinstance(value, dict):
+        return CelOptional(value[name], True) if name in value else NONE
+    if isinstance(value, DeviceValue) and name in DeviceValue.FIELDS:
+        return CelOptional(getattr(value, name), True)
+    raise CelEvalError(f"type '{type_name(value)}' does not support field selection")
+
+
 def _select(node: Select) -> Program:
     operand = compile_node(node.operand)
     name = node.name
     test_only = node.test_only
+    optional = node.optional
 
     def run(ctx: Context) -> Any:
         value = operand(ctx)
-        if isinstance(value, DomainMap):
-            # Kubernetes' wrapper answers every lookup: unknown domains are empty maps.
-            return True if test_only else value.lookup(name)
-        if isinstance(value, dict):
-            if test_only:
-                return name in value
-            try:
-                return value[name]
-            except KeyError:
-                raise CelEvalError(f"no such key: {name}") from None
-        if isinstance(value, DeviceValue):
-            if name not in DeviceValue.FIELDS:
-                raise CelEvalError(f"no such field: {name}")
-            return True if test_only else getattr(value, name)
-        raise CelEvalError(f"type '{type_name(value)}' does not support field selection")
+        if isinstance(value, CelOptional):
+            # Optional chaining: selecting from an optional gives an optional.
+            if not value.present:
+                return NONE
+            if optional:
+                return _select_optional(value.value, name)
+            return CelOptional(_select_value(value.value, name, test_only), True)
+        if optional:
+            return _select_optional(value, name)
+        return _select_value(value, name, test_only)
 
     return run
+
+
+def _index_value(container: Any, key: Any) -> Any:
+    if isinstance(container, list | tuple):
+        if isinstance(key, float) and key.is_integer():
+            key = int(key)
+        if isinstance(key, bool) or not isinstance(key, int):
+            raise no_overload("_[_]", container, key)
+        if not 0 <= key < len(container):
+            raise CelEvalError(f"index out of bounds: {key}")
+        return container[key]
+    if isinstance(container, DomainMap):
+        if not isinstance(key, str):
+            raise no_overload("_[_]", container, key)
+        return container.lookup(key)
+    if isinstance(container, dict):
+        found, value = map_find(container, key)
+        if not found:
+            raise CelEvalError(f"no such key: {key}")
+        return value
+    raise no_overload("_[_]", container, key)
+
+
+def _index_optional(container: Any, key: Any) -> CelOptional:
+    if isinstance(container, list | tuple):
+        if isinstance(key, bool) or not isinstance(key, int | float):
+            raise no_overload("_[?_]", container, key)
+        if isinstance(key, float) and not key.is_integer():
+            return NONE
+        position = int(key)
+        return CelOptional(container[position], True) if 0 <= position < len(container) else NONE
+    if isinstance(container, DomainMap) and isinstance(key, str):
+        return CelOptional(container.lookup(key), True)
+    if isinstance(container, dict):
+        found, value = map_find(container, key)
+        return CelOptional(value, True) if found else NONE
+    raise no_overload("_[?_]", container, key)
 
 
 def _index(node: Index) -> Program:
     operand = compile_node(node.operand)
     index = compile_node(node.index)
+    optional = node.optional
 
     def run(ctx: Context) -> Any:
         container = operand(ctx)
         key = index(ctx)
-        if isinstance(container, list | tuple):
-            if isinstance(key, float) and key.is_integer():
-                key = int(key)
-            if isinstance(key, bool) or not isinstance(key, int):
-                raise no_overload("_[_]", container, key)
-            if not 0 <= key < len(container):
-                raise CelEvalError(f"index out of bounds: {key}")
-            return container[key]
-        if isinstance(container, DomainMap):
-            if not isinstance(key, str):
-                raise no_overload("_[_]", container, key)
-            return container.lookup(key)
-        if isinstance(container, dict):
-            found, value = map_find(container, key)
-            if not found:
-                raise CelEvalError(f"no such key: {key}")
-            return value
-        raise no_overload("_[_]", container, key)
+        if isinstance(container, CelOptional):
+            if not container.present:
+                return NONE
+            if optional:
+                return _index_optional(container.value, key)
+            return CelOptional(_index_value(container.value, key), True)
+        if optional:
+            return _index_optional(container, key)
+        return _index_value(container, key)
 
     return run
 

@@ -1,10 +1,9 @@
 """Build the CEL `device` variable from a ResourceSlice device (`resource.k8s.io/v1` wire format).
 
 Attributes and capacities are split by domain like Kubernetes' `parseQualifiedName`: a name without `/`
-belongs
-to the driver's domain. Version attributes become `Semver` values (a version that does not parse is an error
-that
-aborts evaluation, as in the scheduler); capacities become `Quantity` values (only `value` is exposed).
+belongs to the driver's domain. Version attributes become `Semver` values (a version that does not parse is an
+error that aborts evaluation, as in the scheduler); capacities become `Quantity` values (only `value` is
+exposed).
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@
     selector.matches(device_value(driver, slice_device))              # CelEvalError on runtime errors
 
 Built on cel-python's grammar and parser (`celpy.celparser`, `celpy.evaluation.celstr`); checking and
-evaluation
-are done here because celpy's evaluator lacks what Kubernetes has (compile-time checking, `cel.bind`, a cost
-limit,
-cross-type numeric comparison, the Kubernetes libraries) and costs about 1 ms per evaluation.
+evaluation are done here because celpy's evaluator lacks what Kubernetes has (compile-time checking,
+`cel.bind`, a cost limit, cross-type numeric comparison, the Kubernetes libraries) and costs about 1 ms per
+evaluation.
 """
 
 from __future__ import annotations

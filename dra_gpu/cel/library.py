@@ -1,10 +1,8 @@
 """The function libraries of the Kubernetes CEL environment that DRA selectors run in.
 
 Each function has static overloads (for the compile-time check) and one runtime implementation that dispatches
-on
-the Python types of its arguments. For a member call `x.f(a)` the implementation receives `(x, a)`; the
-overload
-table says whether `f` may be called as a member, as a global, or both (`sign` is global only, as in
+on the Python types of its arguments. For a member call `x.f(a)` the implementation receives `(x, a)`; the
+overload table says whether `f` may be called as a member, as a global, or both (`sign` is global only, as in
 Kubernetes).
 
 Libraries: CEL standard functions, ext.Strings v2, Kubernetes lists / regex / quantity, the semver library,
@@ -27,7 +25,9 @@ from dra_gpu.cel.semver import Semver, SemverError
 from dra_gpu.cel.values import (
     INT64_MAX,
     INT64_MIN,
+    NONE,
     UINT64_MAX,
+    CelOptional,
     CelType,
     DeviceValue,
     Uint,
@@ -581,11 +581,66 @@ def _lists_range(end: Any) -> list[int]:
 
 
 def _includes(target: Any, item: Any) -> bool:
-    """`x.includes(y)`: list membership, or equality for a single value. Like Kubernetes it looks at the first
-    48 list items only (ResourceSliceMaxAttributeValuesPerDevice)."""
+    """`x.includes(y)`: list membership, or equality for a single value. Like Kubernetes it looks at the
+    first 48 list items only (ResourceSliceMaxAttributeValuesPerDevice).
+    """
     if isinstance(target, list | tuple):
         return any(cel_equal(element, item) for element in target[:48])
     return cel_equal(target, item)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Optional types (cel-go OptionalTypes)
+
+
+def _need_optional(function: str, value: Any) -> CelOptional:
+    if not isinstance(value, CelOptional):
+        raise no_overload(function, value)
+    return value
+
+
+def _has_value(optional: Any) -> bool:
+    return _need_optional("hasValue", optional).present
+
+
+def _value(optional: Any) -> Any:
+    checked = _need_optional("value", optional)
+    if not checked.present:
+        raise CelEvalError("optional.none() dereference")
+    return checked.value
+
+
+def _or_value(optional: Any, default: Any) -> Any:
+    checked = _need_optional("orValue", optional)
+    return checked.value if checked.present else default
+
+
+def _or(optional: Any, other: Any) -> Any:
+    checked = _need_optional("or", optional)
+    _need_optional("or", other)
+    return checked if checked.present else other
+
+
+def _optional_of(value: Any) -> CelOptional:
+    return CelOptional(value, True)
+
+
+def _optional_none() -> CelOptional:
+    return NONE
+
+
+def _is_zero(value: Any) -> bool:
+    if value is None or value is False:
+        return True
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return value == 0
+    if isinstance(value, str | bytes | list | tuple | dict):
+        return len(value) == 0
+    return False
+
+
+def _optional_of_non_zero(value: Any) -> CelOptional:
+    return NONE if _is_zero(value) else CelOptional(value, True)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -826,6 +881,14 @@ def _functions() -> dict[str, Function]:
         Function("lists.range", (_g("int", "list"),), _lists_range),
         # DRA list attributes
         Function("includes", (_m("dyn", "dyn", "bool"),), _includes),
+        # optional types
+        Function("hasValue", (_m("optional", "bool"),), _has_value),
+        Function("value", (_m("optional", "dyn"),), _value),
+        Function("orValue", (_m("optional", "dyn", "dyn"),), _or_value),
+        Function("or", (_m("optional", "optional", "optional"),), _or),
+        Function("optional.of", (_g("dyn", "optional"),), _optional_of),
+        Function("optional.none", (_g("optional"),), _optional_none),
+        Function("optional.ofNonZeroValue", (_g("dyn", "optional"),), _optional_of_non_zero),
         # ext.Sets
         Function("sets.contains", (_g("list", "list", "bool"),), _sets_contains),
         Function("sets.equivalent", (_g("list", "list", "bool"),), _sets_equivalent),

@@ -1,10 +1,8 @@
 """The CEL `kubernetes.Quantity` type: a resource quantity (`40Gi`, `1500m`, `2e3`).
 
 Parsing accepts exactly the Kubernetes grammar (`k8s.io/apimachinery/pkg/api/resource`): the numeric value
-comes from
-`kubernetes.utils.quantity.parse_quantity`, but that function is more lenient than Kubernetes (it takes
-`200K`,
-`1_000`, `NaN`), so the text is first checked against the Kubernetes grammar.
+comes from `kubernetes.utils.quantity.parse_quantity`, but that function is more lenient than Kubernetes (it
+takes `200K`, `1_000`, `NaN`), so the text is first checked against the Kubernetes grammar.
 """
 
 from __future__ import annotations

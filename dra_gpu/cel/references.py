@@ -1,12 +1,10 @@
 """Which parts of `device` an expression reads: the key for caching selector results per device shape.
 
 All nodes built from one hardware profile publish identical devices except for a few identity attributes
-(uuid,
-pciBusID). When a selector only reads `device.driver` and `device.attributes["gpu.nvidia.com"].type`, its
-result
-is the same for every device with the same values there, so it is evaluated once per distinct tuple of values.
-A path is a tuple: `()` (the whole device), `("driver",)`, `("attributes",)`, `("attributes", domain)`,
-`("attributes", domain, name)`, and the same for `capacity`; `("allowMultipleAllocations",)`.
+(uuid, pciBusID). When a selector only reads `device.driver` and `device.attributes["gpu.nvidia.com"].type`,
+its result is the same for every device with the same values there, so it is evaluated once per distinct tuple
+of values. A path is a tuple: `()` (the whole device), `("driver",)`, `("attributes",)`, `("attributes",
+domain)`, `("attributes", domain, name)`, and the same for `capacity`; `("allowMultipleAllocations",)`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The CEL `kubernetes.Semver` type: strict semantic versions as parsed by blang/semver v4 (`semver.Parse`).
 
 Rules: `MAJOR.MINOR.PATCH[-PRERELEASE][+BUILD]`, no `v` prefix, no leading zeros in numbers or numeric
-pre-release
-identifiers, identifiers `[0-9A-Za-z-]+`. Ordering per semver 2.0.0 §11; build metadata is ignored.
+pre-release identifiers, identifiers `[0-9A-Za-z-]+`. Ordering per semver 2.0.0 §11; build metadata is
+ignored.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Parse CEL text with cel-python's Lark grammar and turn the parse tree into a small typed syntax tree.
 
 The syntax tree is what the checker, the reference analysis and the closure compiler work on. Macros are
-expanded
-here (`has`, `all`, `exists`, `exists_one`, `map`, `filter`, `cel.bind`), as cel-go's parser does, so that
-`cel.bind` needs no fork of cel-python: it is recognised in the tree, not in the grammar.
+expanded here (`has`, `all`, `exists`, `exists_one`, `map`, `filter`, `cel.bind`), as cel-go's parser does, so
+that `cel.bind` needs no fork of cel-python: it is recognised in the tree, not in the grammar.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from celpy.evaluation import celbytes, celstr
 
 from dra_gpu.cel.errors import CelCompileError
 from dra_gpu.cel.library import FUNCTION_NAMESPACES
+from dra_gpu.cel.optional_syntax import OptionalMarks, mark_optional_syntax
 from dra_gpu.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, Uint
 
 MAX_EXPRESSION_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength
@@ -43,12 +43,14 @@ class Select(Node):
     operand: Node
     name: str
     test_only: bool = False  # has(operand.name)
+    optional: bool = False  # operand.?name
 
 
 @dataclass
 class Index(Node):
     operand: Node
     index: Node
+    optional: bool = False  # operand[?index]
 
 
 @dataclass
@@ -141,8 +143,9 @@ def parse(expression: str) -> Node:
         raise CelCompileError(
             f"expression is longer than {MAX_EXPRESSION_LENGTH} bytes", expression, None, None
         )
+    text, marks = mark_optional_syntax(expression)
     try:
-        tree = _get_parser().parse(expression)
+        tree = _get_parser().parse(text)
     except CELParseError as error:
         raise CelCompileError(_syntax_message(error), expression, error.line, error.column) from None
     except lark.exceptions.LarkError as error:
@@ -151,7 +154,7 @@ def parse(expression: str) -> Node:
         raise CelCompileError(
             f"Syntax error: {str(error).splitlines()[0]}", expression, line, column
         ) from None
-    return _Converter(expression).convert(tree)
+    return _Converter(expression, marks).convert(tree)
 
 
 def _syntax_message(error: CELParseError) -> str:
@@ -167,8 +170,9 @@ def _syntax_message(error: CELParseError) -> str:
 
 
 class _Converter:
-    def __init__(self, expression: str):
+    def __init__(self, expression: str, marks: OptionalMarks | None = None):
         self.expression = expression
+        self.marks = marks or OptionalMarks()
 
     def error(self, message: str, where: lark.Tree[Any] | lark.Token | None) -> CelCompileError:
         line, column = _position(where)
@@ -237,13 +241,17 @@ class _Converter:
 
     def _member_dot(self, tree: lark.Tree[Any]) -> Node:
         operand, name = tree.children
-        node = Select(self.convert(operand), str(name))
+        text = str(name)
+        optional = isinstance(name, lark.Token) and name.start_pos in self.marks.select_names
+        node = Select(self.convert(operand), text[1:] if optional else text, optional=optional)
         node.line, node.column = _position(name)
         return node
 
     def _member_index(self, tree: lark.Tree[Any]) -> Node:
         operand, index = tree.children
-        return Index(self.convert(operand), self.convert(index))
+        start = _start_offset(index)
+        optional = start is not None and start in self.marks.index_starts
+        return Index(self.convert(operand), self.convert(index), optional=optional)
 
     def _member_object(self, tree: lark.Tree[Any]) -> Node:
         raise self.error("message construction is not supported in the DRA selector environment", tree)
@@ -392,6 +400,19 @@ def _position(where: Any) -> tuple[int | None, int | None]:
             if line is not None:
                 return line, column
     return None, None
+
+
+def _start_offset(where: Any) -> int | None:
+    if isinstance(where, lark.Token):
+        return where.start_pos
+    if isinstance(where, lark.Tree):
+        if not where.meta.empty:
+            return int(where.meta.start_pos)
+        for child in where.children:
+            offset = _start_offset(child)
+            if offset is not None:
+                return offset
+    return None
 
 
 def children(node: Node) -> list[Node]:

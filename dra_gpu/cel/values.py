@@ -47,11 +47,36 @@ class CelType:
         return self.name
 
 
-class DomainMap(dict[str, Any]):
-    """`device.attributes` / `device.capacity`: looking up an unknown domain gives an empty map, not an error.
+class CelOptional:
+    """An optional value (`optional.of(x)`, `optional.none()`, the result of `x.?f` and `x[?k]`)."""
 
-    Kubernetes wraps these maps so that `Find` returns an empty map for a missing key; `in` (Contains) still
-    only sees the domains that exist.
+    __slots__ = ("present", "value")
+
+    def __init__(self, value: Any = None, present: bool = False):
+        self.value = value
+        self.present = present
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CelOptional) or self.present != other.present:
+            return False
+        return not self.present or cel_equal(self.value, other.value)
+
+    def __hash__(self) -> int:
+        return hash(("optional", self.present))
+
+    def __repr__(self) -> str:
+        return f"optional.of({self.value!r})" if self.present else "optional.none()"
+
+
+NONE = CelOptional()
+
+
+class DomainMap(dict[str, Any]):
+    """`device.attributes` / `device.capacity`: looking up an unknown domain gives an empty map, not an
+    error.
+
+    Kubernetes wraps these maps so that `Find` returns an empty map for a missing key; `in` (Contains)
+    still only sees the domains that exist.
     """
 
     __slots__ = ()
@@ -105,6 +130,8 @@ def type_name(value: Any) -> str:
         return "type"
     if isinstance(value, DeviceValue):
         return "kubernetes.DRADevice"
+    if isinstance(value, CelOptional):
+        return "optional_type"
     return type(value).__name__
 
 

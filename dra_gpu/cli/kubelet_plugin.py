@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_gpu.hardware.loader import open_hardware
     from dra_gpu.kube.client import load_api_client
     from dra_gpu.plugin.claim_reader import KubeClaimReader
-    from dra_gpu.plugin.device_inventory import DeviceInventory, Rediscovery
+    from dra_gpu.plugin.device_inventory import DeviceInventory, DiscoveryFailedError, Rediscovery
     from dra_gpu.plugin.fault_injection import FaultPoints
     from dra_gpu.plugin.health import DeviceHealthService
     from dra_gpu.plugin.http_endpoint import HttpEndpoint, probe_sockets
@@ -277,6 +277,14 @@ def run(args: argparse.Namespace) -> int:
     except CheckpointError as exc:
         log.error("cannot start: checkpoint unusable", error=str(exc))
         return 1
+    # Start-up order: checkpoint loaded and our leftover MIG devices destroyed (service.start above), then
+    # the model rebuilt knowing which MIG devices our claims own, and only then published.
+    inventory.connect(owned_mig=service.owned_mig_placements, on_discovery=sharing.refresh)
+    try:
+        inventory.refresh()
+    except (DiscoveryFailedError, HardwareError) as exc:
+        log.error("cannot start: discovery after start-up cleanup failed", error=str(exc))
+        return 1
 
     health = None
     if args.health_service == "true":
@@ -295,11 +303,18 @@ def run(args: argparse.Namespace) -> int:
     def on_hangup(_signum: int, _frame: FrameType | None) -> None:
         rediscovery.trigger()
 
-    # Before the sockets appear: SIGHUP's default action would end the process.
-    signal.signal(signal.SIGHUP, on_hangup)
-    server.start()
-
     stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal received, stopping", signal=signal.Signals(signum).name)
+        stopping.set()
+
+    # Before the sockets appear: the default actions of SIGHUP and SIGTERM would end the process without
+    # removing the sockets, so a stop that races start-up would leave stale sockets behind.
+    signal.signal(signal.SIGHUP, on_hangup)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server.start()
 
     def healthy() -> str | None:
         return probe_sockets(paths, DRIVER_NAME)
@@ -338,12 +353,6 @@ def run(args: argparse.Namespace) -> int:
 
     threading.Thread(target=stale_claims_loop, name="stale-claims", daemon=True).start()
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal received, stopping", signal=signal.Signals(signum).name)
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     log.info("kubelet plugin ready", node=args.node_name, endpoint=str(paths.endpoint))
     stopping.wait()
 

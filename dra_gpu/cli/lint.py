@@ -3,8 +3,8 @@
 Checks DeviceClasses, ResourceClaims, ResourceClaimTemplates and Pods (and workloads with a pod template) in
 multi-document YAML files or directories: CEL selectors compile in the Kubernetes environment, names and
 references resolve, opaque configs for gpu.nvidia.com validate, API versions and kinds are known, and common
-mistakes get a fix hint. Output: `file:line kind/name: message (hint: ...)`. Exit code 0 clean, 1 findings,
-2 unreadable input.
+mistakes get a fix hint. Output: `file:line kind/name: message (hint: ...)`. Exit code 0 clean, 1 findings, 2
+unreadable input.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`dra-gpu`: one command, one sub-command per job. Each sub-command lives in its own module with `register()`."""
+"""`dra-gpu`: one command, one sub-command per job; each sub-command module has `register()`."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ from dra_gpu.hardware.types import (
     DiscoveryError,
     DiscoveryResult,
     GpuInfo,
+    MigGpuInstance,
     MigInstance,
     MigPlacement,
     MigProfileInfo,
@@ -171,6 +172,7 @@ class NvmlHardware:
         bus_id = normalize_bus_id(self._call(what, "nvmlDeviceGetPciInfo_v3", h).busId)
         mig_capable, mig_current, mig_pending = self._mig_mode(what, h)
         profiles = self._mig_profiles(what, uuid, h) if mig_capable else ()
+        instances, empty = self._list_gpu_instances(what, uuid, h) if mig_current else ([], [])
         return GpuInfo(
             index=index,
             minor=int(self._call(what, "nvmlDeviceGetMinorNumber", h)),
@@ -191,7 +193,8 @@ class NvmlHardware:
             mig_toggle_without_reset=mig_capable and ARCH_HOPPER <= arch != ARCH_UNKNOWN,
             compute_mode=ComputeMode(int(self._call(what, "nvmlDeviceGetComputeMode", h))),
             mig_profiles=profiles,
-            mig_instances=tuple(self._list_mig(what, uuid, h)) if mig_current else (),
+            mig_instances=tuple(instances),
+            mig_empty_gpu_instances=tuple(empty),
         )
 
     def _mig_mode(self, what: str, h: Any) -> tuple[bool, bool, bool]:
@@ -312,14 +315,23 @@ class NvmlHardware:
 
     # ---- MIG ----
     def _list_mig(self, what: str, uuid: str, h: Any) -> list[MigInstance]:
+        return self._list_gpu_instances(what, uuid, h)[0]
+
+    def _list_gpu_instances(
+        self, what: str, uuid: str, h: Any
+    ) -> tuple[list[MigInstance], list[MigGpuInstance]]:
+        """The MIG devices (GPU instance + compute instance), and the GPU instances without one."""
         minor = int(self._call(what, "nvmlDeviceGetMinorNumber", h))
         devices: list[MigInstance] = []
+        empty: list[MigGpuInstance] = []
         for profile in self._mig_profiles(what, uuid, h):
             count = ctypes.c_uint(0)
             gis = (self._nvml.c_nvmlGpuInstance_t * max(profile.max_instances, 1))()
             self._call(what, "nvmlDeviceGetGpuInstances", h, profile.gi_profile_id, gis, ctypes.byref(count))
             for gi in list(gis)[: count.value]:
                 gi_info = self._call(what, "nvmlGpuInstanceGetInfo", gi)
+                gi_placement = MigPlacement(int(gi_info.placement.start), int(gi_info.placement.size))
+                found = len(devices)
                 for ci_profile in sorted(set(_CI_PROFILE_FOR_SLICES.values())):
                     ci_count = ctypes.c_uint(0)
                     cis = (self._nvml.c_nvmlComputeInstance_t * 8)()
@@ -344,13 +356,14 @@ class NvmlHardware:
                                 gi_profile_id=profile.gi_profile_id,
                                 gi_id=int(gi_info.id),
                                 ci_id=int(ci_info.id),
-                                placement=MigPlacement(
-                                    int(gi_info.placement.start), int(gi_info.placement.size)
-                                ),
+                                placement=gi_placement,
                             )
                         )
+                if len(devices) == found:
+                    empty.append(MigGpuInstance(int(gi_info.id), profile.gi_profile_id, gi_placement))
         devices.sort(key=lambda d: (d.gi_id, d.ci_id))
-        return devices
+        empty.sort(key=lambda g: g.gi_id)
+        return devices, empty
 
     def list_mig_devices(self, gpu_uuid: str) -> list[MigInstance]:
         with self._lock:

@@ -1,8 +1,8 @@
 """Plain values that describe what the hardware layer discovered.
 
-These are the contract between `dra_gpu.hardware` (which fills them from NVML or the simulator) and every pure
-module above it (`inventory`, `slices`, `sharing`, `allocator`). They hold no handles and do no I/O, so they can be
-built by hand in tests and serialised into checkpoints.
+These are the contract between `dra_gpu.hardware` (which fills them from NVML or the simulator) and every
+pure module above it (`inventory`, `slices`, `sharing`, `allocator`). They hold no handles and do no I/O, so
+they can be built by hand in tests and serialised into checkpoints.
 """
 
 from __future__ import annotations
@@ -66,6 +66,16 @@ class MigInstance:
 
 
 @dataclass(frozen=True)
+class MigGpuInstance:
+    """A GPU instance without any compute instance (`nvidia-smi mig -cgi` without `-C`): no MIG device can be
+    used, yet its memory slices are taken."""
+
+    gi_id: int
+    gi_profile_id: int
+    placement: MigPlacement
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """Everything the driver needs to know about one physical GPU."""
 
@@ -89,6 +99,7 @@ class GpuInfo:
     compute_mode: ComputeMode
     mig_profiles: tuple[MigProfileInfo, ...] = ()
     mig_instances: tuple[MigInstance, ...] = ()
+    mig_empty_gpu_instances: tuple[MigGpuInstance, ...] = ()  # GPU instances with no compute instance
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ What each GPU contributes:
   allocated device would strand the claim); any other instance (made out of band, e.g. with nvidia-smi or
   mig-parted; the plugin destroys only leftovers of its own at start-up) is published as a `mig` device with
   its `uuid` (kind MIG_STATIC), and the whole GPU, the share device and every placement whose memory slices
-  overlap it are left out, so the pool offers only what is really free;
+  overlap it are left out, so the pool offers only what is really free. A GPU instance without a compute
+  instance is no device, but takes its memory slices all the same;
 - static MIG (dynamic_mig off): the MIG devices that exist now (type `mig`, with their `uuid`); MIG enabled
   without
   instances contributes nothing and a warning;
@@ -51,7 +52,14 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from dra_gpu.hardware.types import DiscoveryResult, GpuInfo, MigInstance, MigPlacement, MigProfileInfo
+from dra_gpu.hardware.types import (
+    DiscoveryResult,
+    GpuInfo,
+    MigGpuInstance,
+    MigInstance,
+    MigPlacement,
+    MigProfileInfo,
+)
 from dra_gpu.inventory import mig_geometry, naming
 from dra_gpu.inventory.model import (
     Attribute,
@@ -199,6 +207,12 @@ def _foreign_instances(gpu: GpuInfo, owned_mig: OwnedMig) -> list[MigInstance]:
     return [i for i in gpu.mig_instances if (gpu.uuid, i.gi_id) not in owned_mig]
 
 
+def _foreign_empty_gpu_instances(gpu: GpuInfo, owned_mig: OwnedMig) -> list[MigGpuInstance]:
+    """GPU instances without a compute instance that no claim of ours owns: nothing to publish, but their
+    memory slices are taken (ours pass through this state while being created)."""
+    return [g for g in gpu.mig_empty_gpu_instances if (gpu.uuid, g.gi_id) not in owned_mig]
+
+
 def _publishable_instances(
     gpu: GpuInfo, instances: Collection[MigInstance], warnings: list[str]
 ) -> list[tuple[MigProfileInfo, MigInstance]]:
@@ -233,11 +247,11 @@ def _dynamic_mig_devices(
     discovery: DiscoveryResult,
     counter_set: CounterSet | None,
     foreign: Collection[MigInstance],
+    taken: Collection[MigPlacement],
     warnings: list[str],
 ) -> list[Device]:
     """Every (profile, placement) that is free, in publishing order; an out-of-band instance takes the place
-    of the placement it occupies (same name, now with its uuid) and hides every placement it overlaps."""
-    taken = [i.placement for i in foreign]
+    of the placement it occupies (same name, now with its uuid); nothing overlapping `taken` is offered."""
     static_at = {
         (profile.gi_profile_id, instance.placement.start): (profile, instance)
         for profile, instance in _publishable_instances(gpu, foreign, warnings)
@@ -261,13 +275,22 @@ def _gpu_devices(
     warnings: list[str] = []
     dynamic = options.dynamic_mig and _dynamic_mig_possible(gpu)
     foreign = _foreign_instances(gpu, owned_mig) if dynamic else []
-    whole = _publishes_whole_gpu(gpu, options) and not foreign
+    foreign_empty = _foreign_empty_gpu_instances(gpu, owned_mig) if dynamic else []
+    taken = [i.placement for i in foreign] + [g.placement for g in foreign_empty]
+    whole = _publishes_whole_gpu(gpu, options) and not taken
     share = whole and options.fractional and _supports_shares(gpu)
     if foreign:
         warnings.append(
             f"GPU {gpu.minor} ({gpu.uuid}) has MIG device(s) made outside this driver "
             f"({', '.join(sorted(i.uuid for i in foreign))}): published as they are; the placements they "
             "overlap (and the whole GPU and its share device) are withheld until they are destroyed"
+        )
+    if foreign_empty:
+        at = ", ".join(f"gi {g.gi_id} at {g.placement.start}:{g.placement.size}" for g in foreign_empty)
+        warnings.append(
+            f"GPU {gpu.minor} ({gpu.uuid}) has GPU instance(s) without a compute instance made outside "
+            f"this driver ({at}): nothing usable to publish; the placements they overlap (and the whole GPU "
+            "and its share device) are withheld until they are destroyed"
         )
     if whole and options.fractional and not share:
         major, minor = gpu.cuda_compute_capability
@@ -296,7 +319,7 @@ def _gpu_devices(
             )
         )
     if dynamic:
-        devices.extend(_dynamic_mig_devices(gpu, discovery, counter_set, foreign, warnings))
+        devices.extend(_dynamic_mig_devices(gpu, discovery, counter_set, foreign, taken, warnings))
     elif gpu.mig_enabled:
         if not gpu.mig_instances:
             warnings.append(

@@ -1,8 +1,7 @@
 """Read Kubernetes manifests (multi-document YAML or JSON, files or directories) keeping line numbers.
 
 Every mapping becomes a `Located` dict that remembers the line of the mapping and of each key, so that `lint`
-and
-`explain` can point at `file:line`.
+and `explain` can point at `file:line`.
 """
 
 from __future__ import annotations

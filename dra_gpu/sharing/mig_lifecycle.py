@@ -6,9 +6,10 @@ through `GpuHardware.create_mig_device`, which switches MIG mode on where the GP
 NVIDIA's driver): with MIG disabled the claim gets an error that says how to enable it. MIG mode that this
 driver switched on is switched off again when its last MIG device is gone.
 
-Ownership: every instance created here is recorded in the registry until it is destroyed, so start-up cleanup
-(`destroy_unowned`) removes exactly the instances this driver created for claims that are no longer
-checkpointed, and never the MIG devices an administrator made.
+Ownership: every instance created here is recorded in the registry (parent, gi id, ci id and its MIG uuid)
+until it is destroyed, so start-up cleanup (`destroy_unowned`) removes exactly the instances this driver
+created for claims that are no longer checkpointed, and never the MIG devices an administrator made, even one
+that reuses the ids of an instance of ours destroyed out of band (its uuid differs).
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ class MigLifecycle:
                 self._undo_mig_mode(gpu.uuid)
             raise SharingError(f"{where}: creating it failed: {err}") from None
         with self._registry.update() as data:
-            data["createdMig"].append([instance.parent_uuid, instance.gi_id, instance.ci_id])
+            data["createdMig"].append([instance.parent_uuid, instance.gi_id, instance.ci_id, instance.uuid])
             if not gpu.mig_enabled and gpu.uuid not in data["migModeEnabled"]:
                 data["migModeEnabled"].append(gpu.uuid)
         log.info("MIG device created", device=name, uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
@@ -111,11 +112,14 @@ class MigLifecycle:
                 f"destroying MIG device {instance.uuid} (GPU {instance.parent_uuid} gi={instance.gi_id} "
                 f"ci={instance.ci_id}) failed: {err}"
             ) from None
-        with self._registry.update() as data:
-            key = [instance.parent_uuid, instance.gi_id, instance.ci_id]
-            data["createdMig"] = [k for k in data["createdMig"] if k != key]
+        self._forget(instance.parent_uuid, instance.gi_id, instance.ci_id)
         log.info("MIG device destroyed", uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
         self.maybe_disable_mig_mode(instance.parent_uuid)
+
+    def _forget(self, parent: str, gi_id: int, ci_id: int) -> None:
+        """Drop an instance from the registry (entries written before the uuid was recorded have 3 fields)."""
+        with self._registry.update() as data:
+            data["createdMig"] = [k for k in data["createdMig"] if list(k[:3]) != [parent, gi_id, ci_id]]
 
     def _undo_mig_mode(self, gpu_uuid: str) -> None:
         """Creation failed after the hardware switched MIG mode on: switch it off again if still empty."""
@@ -152,13 +156,22 @@ class MigLifecycle:
             if (parent, gi_id, ci_id) in owned:
                 continue
             instance = by_key.get((parent, gi_id, ci_id))
+            if instance is not None and len(key) > 3 and instance.uuid != key[3]:
+                log.warning(
+                    "MIG device with the ids of one we created is someone else's; leaving it",
+                    uuid=instance.uuid,
+                    ours=key[3],
+                    gpu=parent,
+                    gi=gi_id,
+                    ci=ci_id,
+                )
+                instance = None
             label = f"{instance.uuid if instance else 'MIG device'} (GPU {parent} gi={gi_id} ci={ci_id})"
             try:
                 if instance is not None:
                     self.destroy(instance)
-                else:  # already gone: forget it
-                    with self._registry.update() as data:
-                        data["createdMig"] = [k for k in data["createdMig"] if k != [parent, gi_id, ci_id]]
+                else:  # ours is already gone: forget it
+                    self._forget(parent, gi_id, ci_id)
                     continue
             except SharingError as err:
                 log.error("cannot destroy unowned MIG device", device=label, error=str(err))

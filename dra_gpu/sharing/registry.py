@@ -41,7 +41,7 @@ def empty_registry(boot_id: str) -> dict[str, Any]:
         "bootId": boot_id,
         "timeSlice": {},  # gpu uuid -> {"interval": int, "claims": [claim uid, ...]}
         "sharedMps": {},  # gpu uuid -> {"daemon": daemon record, "clients": {"<claim>/<device>": {...}}}
-        "createdMig": [],  # [parent uuid, gi id, ci id] of instances this driver created
+        "createdMig": [],  # [parent uuid, gi id, ci id, MIG uuid] of instances this driver created
         "migModeEnabled": [],  # gpu uuids whose MIG mode we switched on (switched off again when empty)
     }
 

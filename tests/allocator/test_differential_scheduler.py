@@ -1,12 +1,9 @@
 """Differential check: our allocator and the real kube-scheduler agree on feasible / infeasible.
 
 Hypothesis draws small inventories (1-2 nodes, up to 3 devices each, optional shared counters and taints) and
-a
-claim (1-2 requests, selectors, counts, constraints, firstAvailable). The same objects go to the API server:
-Nodes
-(no kubelet: status is patched), ResourceSlices, DeviceClasses, the ResourceClaim and a Pod that uses it. The
-pod
-must be bound by the scheduler exactly when our allocator finds an allocation.
+a claim (1-2 requests, selectors, counts, constraints, firstAvailable). The same objects go to the API server:
+Nodes (no kubelet: status is patched), ResourceSlices, DeviceClasses, the ResourceClaim and a Pod that uses
+it. The pod must be bound by the scheduler exactly when our allocator finds an allocation.
 """
 
 from __future__ import annotations
@@ -58,7 +55,8 @@ TAINT = {"key": "example.com/broken", "value": "yes", "effect": "NoSchedule"}
 
 def scenarios(messy: bool) -> st.SearchStrategy[dict[str, Any]]:
     """Inventories and a claim. `messy` adds what makes the scheduler give up on a node: missing attributes
-    that selectors read (CEL runtime errors), incomplete pools, invalid pools."""
+    that selectors read (CEL runtime errors), incomplete pools, invalid pools.
+    """
     device_spec = st.fixed_dictionaries(
         {
             "kind": st.sampled_from(["gpu", "mig"]),
@@ -344,7 +342,8 @@ def test_feasibility_after_an_earlier_allocation_agrees(
     cluster: Cluster, scenario: dict[str, Any], first: dict[str, Any]
 ) -> None:
     """kube-scheduler allocates a first claim; the second one is judged with the first one's allocation (read
-    back from the API server) holding its devices and counters."""
+    back from the API server) holding its devices and counters.
+    """
     example = f"{PREFIX}-{uuid.uuid4().hex[:6]}"
     slices, nodes, claim = build_objects(scenario, example)
     body: dict[str, Any] = {"deviceClassName": f"{PREFIX}-{first['kind']}", "count": first["count"]}

@@ -2,12 +2,10 @@
 gives.
 
 Every case runs as a DRA device selector against `DEVICE` (driver gpu.nvidia.com). Expected values come from
-the
-cel-go specification and the Kubernetes library documentation and tests (`k8s.io/apiserver/pkg/cel/library`,
-`k8s.io/dynamic-resource-allocation/cel`): `True`/`False` for the selector result, `Runtime("...")` for an
-evaluation error (which aborts allocation of the claim on the node), `Compile("...")` for an expression the
-API
-server rejects. The string is a fragment of the message.
+the cel-go specification and the Kubernetes library documentation and tests
+(`k8s.io/apiserver/pkg/cel/library`, `k8s.io/dynamic-resource-allocation/cel`): `True`/`False` for the
+selector result, `Runtime("...")` for an evaluation error (which aborts allocation of the claim on the node),
+`Compile("...")` for an expression the API server rejects. The string is a fragment of the message.
 """
 
 from __future__ import annotations
@@ -264,6 +262,21 @@ CASES: list[tuple[str, Any]] = [
     ("[1, 2, 3].slice(1, 3) == [2, 3]", True),
     ("[1, 2].reverse() == [2, 1]", True),
     ("lists.range(3) == [0, 1, 2]", True),
+    # --- optional types (cel-go OptionalTypes, Kubernetes base environment since 1.28) ---
+    (f"{A}.?productName.orValue('') == 'NVIDIA A100-SXM4-40GB'", True),
+    (f"{A}.?missing.orValue('none') == 'none'", True),
+    (f"{A}.?missing.hasValue()", False),
+    (f"{A}.?missing.value() == 1", Runtime("optional.none() dereference")),
+    (f"{A}.?productName", Compile("must evaluate to bool")),
+    ("device.?foo.hasValue()", Compile("undefined field")),
+    ("optional.of(1).value() == 1", True),
+    ("optional.none().orValue(2) == 2", True),
+    ("optional.ofNonZeroValue(0).hasValue()", False),
+    ("optional.of(1).or(optional.of(2)).value() == 1", True),
+    ("{'a': 1}[?'b'].orValue(0) == 0", True),
+    ("[1, 2][?5].hasValue()", False),
+    ("optional.of({'a': {'b': 1}}).a.?b.value() == 1", True),
+    ("'.?x' == '.' + '?x'", True),
     # --- cost limit (1,000,000 for DRA selectors) ---
     ("lists.range(2000).all(x, lists.range(2000).all(y, true))", Runtime("cost limit")),
 ]

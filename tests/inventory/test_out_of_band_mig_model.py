@@ -175,6 +175,33 @@ def test_gpu_instance_with_two_compute_instances_is_one_device(hw: NvmlHardware,
     assert not any(d.kind is DeviceKind.MIG_STATIC for d in owned.devices) and "gpu-0" in owned.by_name()
 
 
+def test_gpu_instance_without_compute_instance_takes_its_slices(hw: NvmlHardware, root: Path) -> None:
+    """`nvidia-smi mig -cgi` without `-C`: no MIG device exists, yet the placement is occupied."""
+    empty = build_device_model(hw.discover())
+    gpu = _gpu(hw)
+    hw.set_mig_mode(gpu.uuid, True)
+    nvml = open_simulated_nvml(root)
+    nvml.nvmlInit()
+    placement = nvml.c_nvmlGpuInstancePlacement_t()
+    placement.start, placement.size = 0, 4
+    nvml.nvmlDeviceCreateGpuInstanceWithPlacement(
+        nvml.nvmlDeviceGetHandleByUUID(gpu.uuid), PROFILE_3G, ctypes.byref(placement)
+    )
+    discovery = hw.discover()
+    bare = discovery.gpus[0].mig_empty_gpu_instances
+    assert discovery.gpus[0].mig_instances == () and len(bare) == 1
+    assert (bare[0].gi_profile_id, bare[0].placement.start, bare[0].placement.size) == (PROFILE_3G, 0, 4)
+
+    model = build_device_model(discovery)
+    names = model.by_name()
+    assert "gpu-0" not in names and "gpu-0-shared" not in names
+    assert not any(d.kind is DeviceKind.MIG_STATIC for d in model.devices)  # nothing usable in it
+    assert _dynamic(model) == {(pid, start, size) for pid, start, size in _dynamic(empty) if start >= 4}
+    assert any(f"gi {bare[0].gi_id} at 0:4" in w for w in model.warnings)
+    # Ours (a prepare between creating the GPU instance and its compute instance): nothing changes.
+    assert build_device_model(discovery, owned_mig={(gpu.uuid, bare[0].gi_id)}) == empty
+
+
 def test_static_mig_mode_ignores_the_owned_set(hw: NvmlHardware) -> None:
     """Without dynamic MIG every existing instance is published, whoever made it."""
     gpu = _gpu(hw)

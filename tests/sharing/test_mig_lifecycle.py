@@ -170,3 +170,23 @@ def test_failed_creation_leaves_mig_mode_as_it_was(node: SimNode) -> None:
         node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])
     gpu = node.state().gpus[0]
     assert gpu.mig_current is False and gpu.gpu_instances == []
+
+
+def test_start_up_spares_an_admin_device_that_reuses_the_ids_of_one_of_ours(node: SimNode) -> None:
+    """Ours destroyed out of band, then an administrator's created in its place (same GPU-instance and
+    compute-instance ids): the registry's uuid tells them apart, so start-up cleanup leaves it alone."""
+    uuid = node.uuid()
+    manager = node.manager()
+    device = dynamic(node, "1g.10gb", 3)
+    ours = next(iter(manager.prepare_group("gone", None, [node.alloc(device.name)]).mig_instances.values()))
+    node.hardware.destroy_mig_device(uuid, ours.gi_id, ours.ci_id)
+    assert device.mig is not None
+    admin = node.hardware.create_mig_device(uuid, device.mig.gi_profile_id, 3)
+    assert (admin.gi_id, admin.ci_id) == (ours.gi_id, ours.ci_id) and admin.uuid != ours.uuid
+
+    assert node.manager().destroy_unowned_mig(set()) == []
+    assert [i.uuid for i in node.hardware.list_mig_devices(uuid)] == [admin.uuid]
+    assert node.manager().describe()["createdMig"] == []  # ours is forgotten
+    node.hardware.destroy_mig_device(uuid, admin.gi_id, admin.ci_id)
+    node.manager().destroy_unowned_mig(set())  # switches MIG mode off again (we switched it on)
+    assert node.state().gpus[0].mig_current is False
