@@ -8,10 +8,10 @@ well. Attribute values have the static type `any` (Kubernetes declares them as A
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from dra_gpu.cel.errors import CelCompileError
-from dra_gpu.cel.library import FUNCTIONS, TYPE_NAMES, Overload
+from dra_gpu.cel.errors import CelCompileError, CelEvalError
+from dra_gpu.cel.library import FUNCTIONS, TYPE_NAMES, Overload, compile_regex
 from dra_gpu.cel.syntax import (
     Binary,
     Bind,
@@ -51,7 +51,21 @@ _DISPLAY = {
     "device": "kubernetes.DRADevice",
     "null": "null_type",
     "optional": "optional_type(dyn)",
+    "timestamp": "google.protobuf.Timestamp",
+    "duration": "google.protobuf.Duration",
+    "ip": "net.IP",
+    "cidr": "net.CIDR",
+    "url": "kubernetes.URL",
+    "format": "kubernetes.NamedFormat",
 }
+_LITERAL_CHECKS: Mapping[str, Callable[[object], object]] = {
+    "matches": lambda value: compile_regex(value) if isinstance(value, str) else None,
+    "timestamp": FUNCTIONS["timestamp"].impl,
+    "duration": FUNCTIONS["duration"].impl,
+}
+_TEMPORAL = {"timestamp", "duration"}
+# Types whose values can be ordered: what sort() and the keys of sortBy() accept.
+_COMPARABLE = {"int", "uint", "double", "bool", "string", "bytes"}
 
 
 def display(t: StaticType) -> str:
@@ -64,6 +78,8 @@ class Checker:
     def __init__(self, expression: str, variables: Mapping[str, str]):
         self.expression = expression
         self.variables = dict(variables)
+        self.body_types: dict[int, StaticType] = {}  # comprehension node id -> type of its body
+        self.format_literals: set[int] = set()  # ids of literals inside a format() call
 
     def fail(self, node: Node, message: str) -> CelCompileError:
         return CelCompileError(message, self.expression, node.line, node.column)
@@ -86,15 +102,27 @@ class Checker:
         if isinstance(node, Call):
             return self._call(node, scope)
         if isinstance(node, ListLit):
-            for item in node.items:
-                self.check(item, scope)
+            items = _Homogeneous(self, id(node) in self.format_literals)
+            for position, item in enumerate(node.items):
+                item_type = self.check(item, scope)
+                if position in node.optional:
+                    self._need_optional_entry(item, item_type)
+                    item_type = None  # the contained type of an optional is not tracked
+                items.add(item, item_type)
             return "list"
         if isinstance(node, MapLit):
-            for key, value in node.entries:
+            exempt = id(node) in self.format_literals
+            keys, values = _Homogeneous(self, exempt), _Homogeneous(self, exempt)
+            for position, (key, value) in enumerate(node.entries):
                 key_type = self.check(key, scope)
                 if key_type not in _LOOSE and key_type not in ("string", "int", "uint", "bool"):
                     raise self.fail(key, f"unsupported map key type: {display(key_type)}")
-                self.check(value, scope)
+                keys.add(key, key_type)
+                value_type = self.check(value, scope)
+                if position in node.optional:
+                    self._need_optional_entry(value, value_type)
+                    value_type = None
+                values.add(value, value_type)
             return "map"
         if isinstance(node, Unary):
             operand = self.check(node.operand, scope)
@@ -124,6 +152,31 @@ class Checker:
             inner[node.var] = init
             return self.check(node.body, inner)
         raise self.fail(node, f"unsupported expression {type(node).__name__}")
+
+    def _check_literal_argument(self, function: str, argument: Literal) -> None:
+        """cel-go's literal validators (on in Kubernetes since 1.29): a constant first argument of
+        matches() must be a valid regular expression, of timestamp()/duration() a valid value."""
+        try:
+            _LITERAL_CHECKS[function](argument.value)
+        except CelEvalError:
+            raise self.fail(argument, f"invalid {function} argument") from None
+
+    def _exempt_literals(self, node: Node) -> None:
+        """Mark a list/map literal argument of format(), and the literals nested directly in it."""
+        if isinstance(node, ListLit):
+            self.format_literals.add(id(node))
+            for item in node.items:
+                self._exempt_literals(item)
+        elif isinstance(node, MapLit):
+            self.format_literals.add(id(node))
+            for key, value in node.entries:
+                self._exempt_literals(key)
+                self._exempt_literals(value)
+
+    def _need_optional_entry(self, node: Node, entry_type: StaticType) -> None:
+        """`[?x]` and `{?k: x}` need an optional x (cel-go checks this at compile time)."""
+        if entry_type not in _LOOSE and entry_type != "optional":
+            raise self.fail(node, f"expected type 'optional_type(dyn)' but found '{display(entry_type)}'")
 
     def _need(self, node: Node, op: str, types: list[StaticType], allowed: tuple[str, ...]) -> None:
         for t in types:
@@ -200,11 +253,13 @@ class Checker:
             return "bool"
         if op in ("_<_", "_<=_", "_>_", "_>=_"):
             for side in (left, right):
-                if side not in _LOOSE and side not in _NUMERIC | {"string", "bytes", "bool"}:
+                if side not in _LOOSE and side not in _NUMERIC | {"string", "bytes", "bool"} | _TEMPORAL:
                     raise mismatch
             if known and not (left in _NUMERIC and right in _NUMERIC) and left != right:
                 raise mismatch
             return "bool"
+        if op in ("_+_", "_-_") and (left in _TEMPORAL or right in _TEMPORAL):
+            return self._temporal(node, op, left, right, mismatch)
         # arithmetic
         allowed = {
             "_+_": _NUMERIC | {"string", "bytes", "list"},
@@ -221,6 +276,31 @@ class Checker:
         if left not in _LOOSE:
             return left
         return right if right not in _LOOSE else None
+
+    def _temporal(
+        self, node: Binary, op: str, left: StaticType, right: StaticType, mismatch: CelCompileError
+    ) -> StaticType:
+        results = {
+            ("_+_", "timestamp", "duration"): "timestamp",
+            ("_+_", "duration", "timestamp"): "timestamp",
+            ("_+_", "duration", "duration"): "duration",
+            ("_-_", "timestamp", "duration"): "timestamp",
+            ("_-_", "timestamp", "timestamp"): "duration",
+            ("_-_", "duration", "duration"): "duration",
+        }
+        if left in _LOOSE or right in _LOOSE:
+            candidates = {
+                r
+                for (o, lt, rt), r in results.items()
+                if o == op and left in (lt, None) and right in (rt, None)
+            }
+            if not candidates:
+                raise mismatch
+            return candidates.pop() if len(candidates) == 1 else None
+        result = results.get((op, str(left), str(right)))
+        if result is None:
+            raise mismatch
+        return result
 
     def _comprehension(self, node: Comprehension, scope: Mapping[str, StaticType]) -> StaticType:
         range_type = self.check(node.range, scope)
@@ -239,6 +319,7 @@ class Checker:
             )
             inner[node.var2] = _element_of(range_type) if range_type in _MAP_LIKE else None
         body = self.check(node.body, inner)
+        self.body_types[id(node)] = body
         if node.macro in ("all", "exists", "exists_one", "filter") or node.transform is not None:
             self._need(node.body, node.macro, [body], ("bool",))
         if node.transform is not None:
@@ -248,6 +329,9 @@ class Checker:
     def _call(self, node: Call, scope: Mapping[str, StaticType]) -> StaticType:
         function = FUNCTIONS.get(node.function)
         target = self.check(node.target, scope) if node.target is not None else None
+        if node.function == "format":
+            for arg in node.args:
+                self._exempt_literals(arg)
         args = [self.check(a, scope) for a in node.args]
         if function is None:
             raise self.fail(node, f"undeclared reference to '{node.function}' (in container '')")
@@ -264,9 +348,42 @@ class Checker:
         matching = [o for o in candidates if _matches(o, types)]
         if not matching:
             raise self.fail(node, _overload_message(node.function, member, types))
+        if node.function in _LITERAL_CHECKS and node.args and isinstance(node.args[0], Literal):
+            self._check_literal_argument(node.function, node.args[0])
+        if node.function == "@sortByAssociatedKeys" and isinstance(node.args[0], Comprehension):
+            key_type = self.body_types.get(id(node.args[0]))
+            if key_type not in _LOOSE and key_type not in _COMPARABLE:
+                raise self.fail(
+                    node,
+                    f"found no matching overload for '@sortByAssociatedKeys' applied to "
+                    f"'list(dyn).(list({display(key_type)}))'",
+                )
         results = {o.result for o in matching}
         result = results.pop() if len(results) == 1 else None
         return None if result == "dyn" else result
+
+
+class _Homogeneous:
+    """Kubernetes turns on cel-go's homogeneous-aggregate-literal validation: the elements of a list literal
+    (and the keys, and the values, of a map literal) must all have the same type, so `[1, 'a']` and
+    `[1, 2.0]` are rejected; literals inside a string `format()` call are exempt. cel-go compares every
+    element with the first; two elements whose types are known here and differ always break that rule,
+    whichever the first is, so that is what is rejected (types not inferred here never are)."""
+
+    def __init__(self, checker: Checker, exempt: bool):
+        self.checker = checker
+        self.exempt = exempt
+        self.first: StaticType = None
+
+    def add(self, node: Node, element: StaticType) -> None:
+        if self.exempt or element in _LOOSE:
+            return
+        if self.first is None:
+            self.first = element
+        elif _base(element) != _base(self.first):
+            raise self.checker.fail(
+                node, f"expected type '{display(self.first)}' but found '{display(element)}'"
+            )
 
 
 def _overload_message(name: str, member: bool, types: list[StaticType]) -> str:

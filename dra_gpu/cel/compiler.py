@@ -31,6 +31,7 @@ from dra_gpu.cel.syntax import (
     Select,
     Unary,
 )
+from dra_gpu.cel.temporal import Duration, TemporalError, Timestamp
 from dra_gpu.cel.values import (
     INT64_MIN,
     NONE,
@@ -45,6 +46,7 @@ from dra_gpu.cel.values import (
     map_find,
     no_overload,
     ordering,
+    to_display,
     type_name,
 )
 
@@ -241,21 +243,47 @@ def _call(node: Call) -> Program:
 
 def _list(node: ListLit) -> Program:
     items = [compile_node(item) for item in node.items]
-    return lambda ctx: [item(ctx) for item in items]
+    if not node.optional:
+        return lambda ctx: [item(ctx) for item in items]
+    optional = node.optional
+
+    def run(ctx: Context) -> Any:
+        out: list[Any] = []
+        for position, item in enumerate(items):
+            value = item(ctx)
+            if position not in optional:
+                out.append(value)
+            elif _present(value, "list element"):
+                out.append(value.value)
+        return out
+
+    return run
+
+
+def _present(entry: Any, what: str) -> bool:
+    """For `?x` entries: whether the optional holds a value (a non-optional is an error, as in cel-go)."""
+    if not isinstance(entry, CelOptional):
+        raise CelEvalError(f"cannot initialize optional {what} from non-optional value {to_display(entry)}")
+    return entry.present
 
 
 def _map(node: MapLit) -> Program:
     entries = [(compile_node(k), compile_node(v)) for k, v in node.entries]
+    optional = node.optional
 
     def run(ctx: Context) -> Any:
         out: dict[Any, Any] = {}
-        for key_program, value_program in entries:
+        for position, (key_program, value_program) in enumerate(entries):
             key = key_program(ctx)
             if isinstance(key, float) or key is None or not isinstance(key, str | int):
                 raise CelEvalError(f"unsupported key type: {type_name(key)}")
             if map_find(out, key)[0]:
                 raise CelEvalError(f"Failed with repeated key: {key}")
-            out[key] = value_program(ctx)
+            value = value_program(ctx)
+            if position not in optional:
+                out[key] = value
+            elif _present(value, f"entry '{key}'"):
+                out[key] = value.value
         return out
 
     return run
@@ -357,8 +385,35 @@ def _kind(value: Any) -> str:
     return type_name(value)
 
 
+_TEMPORAL = ("google.protobuf.Timestamp", "google.protobuf.Duration")
+
+
+def _temporal_arith(op: str, a: Any, b: Any) -> Any:
+    """timestamp ± duration, duration + timestamp, timestamp - timestamp, duration ± duration."""
+    try:
+        if op == "_+_":
+            if isinstance(a, Timestamp) and isinstance(b, Duration):
+                return Timestamp(a.nanos + b.nanos, a.offset)
+            if isinstance(a, Duration) and isinstance(b, Timestamp):
+                return Timestamp(a.nanos + b.nanos, b.offset)
+            if isinstance(a, Duration) and isinstance(b, Duration):
+                return Duration(a.nanos + b.nanos)
+        if op == "_-_":
+            if isinstance(a, Timestamp) and isinstance(b, Duration):
+                return Timestamp(a.nanos - b.nanos, a.offset)
+            if isinstance(a, Timestamp) and isinstance(b, Timestamp):
+                return Duration(a.nanos - b.nanos)
+            if isinstance(a, Duration) and isinstance(b, Duration):
+                return Duration(a.nanos - b.nanos)
+    except TemporalError as error:
+        raise CelEvalError(str(error)) from None
+    raise no_overload(op, a, b)
+
+
 def _arith(op: str, a: Any, b: Any) -> Any:
     kind = _kind(a)
+    if kind in _TEMPORAL or _kind(b) in _TEMPORAL:
+        return _temporal_arith(op, a, b)
     if kind != _kind(b):
         raise no_overload(op, a, b)
     if kind == "int":

@@ -6,11 +6,13 @@ overload table says whether `f` may be called as a member, as a global, or both 
 Kubernetes).
 
 Libraries: CEL standard functions, ext.Strings v2, Kubernetes lists / regex / quantity, the semver library,
-ext.Sets, and the parts of ext.Lists v3 that do not need optional types.
+ext.Sets, ext.Lists v3 (`sortBy` is a macro, see syntax.py), optional types (with `first`/`last`/`unwrap`),
+and Kubernetes IP / CIDR / URLs / Format (implemented in kubernetes_libraries.py).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,9 +21,13 @@ from typing import Any
 
 import re2  # type: ignore[import-untyped]
 
+from dra_gpu.cel import kubernetes_libraries as kube
 from dra_gpu.cel.errors import CelEvalError
+from dra_gpu.cel.formats import FORMATS
+from dra_gpu.cel.network import CIDR, IPAddr
 from dra_gpu.cel.quantity import Quantity, QuantityError
 from dra_gpu.cel.semver import Semver, SemverError
+from dra_gpu.cel.temporal import NANOS, Duration, TemporalError, Timestamp, parse_duration, parse_timestamp
 from dra_gpu.cel.values import (
     INT64_MAX,
     INT64_MIN,
@@ -30,6 +36,7 @@ from dra_gpu.cel.values import (
     CelOptional,
     CelType,
     DeviceValue,
+    NanCompareError,
     Uint,
     cel_equal,
     check_int,
@@ -78,7 +85,7 @@ def compile_regex(pattern: str) -> Any:
             compiled = re2.compile(pattern, _RE_OPTIONS)
         except re2.error as error:
             detail = error.args[0].decode() if error.args and isinstance(error.args[0], bytes) else str(error)
-            raise CelEvalError(f"invalid regular expression {pattern!r}: {detail}") from None
+            raise CelEvalError(f"error parsing regexp: {detail}: `{pattern}`") from None  # Go's wording
         _regex_cache[pattern] = compiled
     return compiled
 
@@ -140,6 +147,8 @@ def _ends_with(text: Any, suffix: Any) -> bool:
 def _to_int(value: Any) -> int:
     if isinstance(value, bool):
         raise no_overload("int", value)
+    if isinstance(value, Timestamp):
+        return value.nanos // NANOS  # seconds since the epoch
     if isinstance(value, int):
         return check_int(int(value))
     if isinstance(value, float):
@@ -214,8 +223,8 @@ def _to_string(value: Any) -> str:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             raise CelEvalError("string() invalid UTF-8 in bytes") from None
-    if isinstance(value, Quantity | Semver):
-        raise no_overload("string", value)
+    if isinstance(value, IPAddr | CIDR | Timestamp | Duration):
+        return str(value)
     raise no_overload("string", value)
 
 
@@ -467,9 +476,16 @@ def _need_list(function: str, value: Any) -> Sequence[Any]:
     return value
 
 
+def _order(a: Any, b: Any, function: str) -> int:
+    try:
+        return compare(a, b, function)
+    except NanCompareError:
+        raise CelEvalError("NaN values cannot be ordered") from None
+
+
 def _is_sorted(items: Any) -> bool:
     values = _need_list("isSorted", items)
-    return all(compare(values[i], values[i + 1], "isSorted") <= 0 for i in range(len(values) - 1))
+    return all(_order(values[i], values[i + 1], "isSorted") <= 0 for i in range(len(values) - 1))
 
 
 def _sum(items: Any) -> Any:
@@ -504,7 +520,7 @@ def _extreme(function: str, pick_max: bool) -> Callable[[Any], Any]:
             raise CelEvalError(f"{function} called on empty list")
         best = values[0]
         for value in values[1:]:
-            order = compare(value, best, function)
+            order = _order(value, best, function)
             if (order > 0 and pick_max) or (order < 0 and not pick_max):
                 best = value
         return best
@@ -555,19 +571,74 @@ def _distinct(items: Any) -> list[Any]:
 
 
 def _reverse(value: Any) -> Any:
-    if isinstance(value, str):
-        return value[::-1]
+    # Only lists: the string overload is ext.Strings v3, and Kubernetes uses ext.Strings v2.
     return list(reversed(_need_list("reverse", value)))
 
 
 def _sort(items: Any) -> list[Any]:
-    values = list(_need_list("sort", items))
-    kinds = {type_name(v) for v in values}
-    if len(kinds) > 1 and not all(is_number(v) for v in values):
-        raise CelEvalError("list elements must have the same type")
-    import functools
+    values = _need_list("sort", items)
+    return _sort_by_keys(values, values)
 
-    return sorted(values, key=functools.cmp_to_key(lambda a, b: compare(a, b, "sort")))
+
+_COMPARABLE = (
+    "int",
+    "uint",
+    "double",
+    "bool",
+    "string",
+    "bytes",
+    "google.protobuf.Timestamp",
+    "google.protobuf.Duration",
+)
+
+
+def _sort_by_keys(items: Any, keys: Any) -> list[Any]:
+    """cel-go's `@sortByAssociatedKeys` (behind `sort()` and the `sortBy` macro): order `items` by `keys`,
+    which must all have one comparable type (`[1, 2.0].sort()` is an error, unlike `1 < 2.0`)."""
+    values = _need_list("@sortByAssociatedKeys", items)
+    order = _need_list("@sortByAssociatedKeys", keys)
+    if len(values) != len(order):
+        raise CelEvalError(
+            "@sortByAssociatedKeys() expected a list of the same size as the associated keys list, "
+            f"but got {len(values)} and {len(order)} elements respectively"
+        )
+    if not values:
+        return []
+    kind = type_name(order[0])
+    if kind not in _COMPARABLE:
+        raise CelEvalError("list elements must be comparable")
+    if any(type_name(key) != kind for key in order):
+        raise CelEvalError("list elements must have the same type")
+
+    def by_key(i: int, j: int) -> int:
+        try:
+            return compare(order[i], order[j], "sort")
+        except NanCompareError:
+            return 0  # cel-go: a NaN is never "less than", so it stays where the sort leaves it
+
+    positions = sorted(range(len(values)), key=functools.cmp_to_key(by_key))
+    return [values[i] for i in positions]
+
+
+def _first(items: Any) -> CelOptional:
+    values = _need_list("first", items)
+    return CelOptional(values[0], True) if values else NONE
+
+
+def _last(items: Any) -> CelOptional:
+    values = _need_list("last", items)
+    return CelOptional(values[-1], True) if values else NONE
+
+
+def _unwrap(items: Any) -> list[Any]:
+    """`optional.unwrap(l)` / `l.unwrapOpt()`: the values of the present optionals."""
+    out: list[Any] = []
+    for value in _need_list("optional.unwrap", items):
+        if not isinstance(value, CelOptional):
+            raise no_overload("optional.unwrap", value)
+        if value.present:
+            out.append(value.value)
+    return out
 
 
 def _lists_range(end: Any) -> list[int]:
@@ -782,6 +853,76 @@ def _semver_part(function: str) -> Callable[[Any], int]:
 
 
 # ----------------------------------------------------------------------------------------------------
+# Timestamps and durations (see temporal.py)
+
+
+def _to_timestamp(value: Any) -> Timestamp:
+    try:
+        if isinstance(value, Timestamp):
+            return value
+        if isinstance(value, str):
+            return parse_timestamp(value)
+        if _is_int(value):
+            return Timestamp(value * NANOS)
+    except TemporalError as error:
+        raise CelEvalError(str(error)) from None
+    raise no_overload("timestamp", value)
+
+
+def _to_duration(value: Any) -> Duration:
+    if isinstance(value, Duration):
+        return value
+    if not isinstance(value, str):
+        raise no_overload("duration", value)
+    try:
+        return parse_duration(value)
+    except TemporalError:
+        # cel-go reports the failed conversion, not Go's parse detail
+        raise CelEvalError("type conversion error from 'string' to 'google.protobuf.Duration'") from None
+
+
+_TIMESTAMP_GETTERS: dict[str, Callable[[Any, int], int]] = {
+    "getFullYear": lambda wall, nanos: int(wall.year),
+    "getMonth": lambda wall, nanos: int(wall.month) - 1,
+    "getDayOfYear": lambda wall, nanos: int(wall.timetuple().tm_yday) - 1,
+    "getDayOfMonth": lambda wall, nanos: int(wall.day) - 1,
+    "getDate": lambda wall, nanos: int(wall.day),
+    "getDayOfWeek": lambda wall, nanos: (int(wall.weekday()) + 1) % 7,  # Sunday is 0
+    "getHours": lambda wall, nanos: int(wall.hour),
+    "getMinutes": lambda wall, nanos: int(wall.minute),
+    "getSeconds": lambda wall, nanos: int(wall.second),
+    "getMilliseconds": lambda wall, nanos: nanos // 1_000_000,
+}
+# Duration getters are totals, truncated toward zero (Go's d.Hours(), d.Minutes(), ...).
+_DURATION_GETTERS: dict[str, int] = {
+    "getHours": 3600 * NANOS,
+    "getMinutes": 60 * NANOS,
+    "getSeconds": NANOS,
+    "getMilliseconds": 1_000_000,
+}
+
+
+def _time_getter(name: str) -> Callable[..., int]:
+    def get(value: Any, zone: Any = None) -> int:
+        if isinstance(value, Duration) and zone is None and name in _DURATION_GETTERS:
+            return _truncate(value.nanos, _DURATION_GETTERS[name])
+        if not isinstance(value, Timestamp) or not (zone is None or isinstance(zone, str)):
+            raise no_overload(name, value, *(() if zone is None else (zone,)))
+        try:
+            wall, nanos = value.local(zone)
+        except TemporalError as error:
+            raise CelEvalError(str(error)) from None
+        return _TIMESTAMP_GETTERS[name](wall, nanos)
+
+    return get
+
+
+def _truncate(nanos: int, unit: int) -> int:
+    quotient = abs(nanos) // unit
+    return quotient if nanos >= 0 else -quotient
+
+
+# ----------------------------------------------------------------------------------------------------
 # The table
 
 
@@ -807,7 +948,15 @@ def _functions() -> dict[str, Function]:
         Function("startsWith", (_m("string", "string", "bool"),), _starts_with),
         Function("endsWith", (_m("string", "string", "bool"),), _ends_with),
         Function(
-            "int", (_g("int", "int"), _g("uint", "int"), _g("double", "int"), _g("string", "int")), _to_int
+            "int",
+            (
+                _g("int", "int"),
+                _g("uint", "int"),
+                _g("double", "int"),
+                _g("string", "int"),
+                _g("timestamp", "int"),
+            ),
+            _to_int,
         ),
         Function(
             "uint",
@@ -828,6 +977,10 @@ def _functions() -> dict[str, Function]:
                 _g("string", "string"),
                 _g("bool", "string"),
                 _g("bytes", "string"),
+                _g("ip", "string"),
+                _g("cidr", "string"),
+                _g("timestamp", "string"),
+                _g("duration", "string"),
             ),
             _to_string,
         ),
@@ -876,9 +1029,11 @@ def _functions() -> dict[str, Function]:
         Function("slice", (_m("list", "int", "int", "list"),), _slice),
         Function("flatten", (_m("list", "list"), _m("list", "int", "list")), _flatten),
         Function("distinct", (_m("list", "list"),), _distinct),
-        Function("reverse", (_m("list", "list"), _m("string", "string")), _reverse),
+        Function("reverse", (_m("list", "list"),), _reverse),
         Function("sort", (_m("list", "list"),), _sort),
         Function("lists.range", (_g("int", "list"),), _lists_range),
+        # the expansion of the sortBy macro: list.@sortByAssociatedKeys(list.map(e, key))
+        Function("@sortByAssociatedKeys", (_m("list", "list", "list"),), _sort_by_keys),
         # DRA list attributes
         Function("includes", (_m("dyn", "dyn", "bool"),), _includes),
         # optional types
@@ -889,6 +1044,10 @@ def _functions() -> dict[str, Function]:
         Function("optional.of", (_g("dyn", "optional"),), _optional_of),
         Function("optional.none", (_g("optional"),), _optional_none),
         Function("optional.ofNonZeroValue", (_g("dyn", "optional"),), _optional_of_non_zero),
+        Function("optional.unwrap", (_g("list", "list"),), _unwrap),
+        Function("unwrapOpt", (_m("list", "list"),), _unwrap),
+        Function("first", (_m("list", "optional"),), _first),
+        Function("last", (_m("list", "optional"),), _last),
         # ext.Sets
         Function("sets.contains", (_g("list", "list", "bool"),), _sets_contains),
         Function("sets.equivalent", (_g("list", "list", "bool"),), _sets_equivalent),
@@ -927,6 +1086,56 @@ def _functions() -> dict[str, Function]:
         Function("major", (_m("semver", "int"),), _semver_part("major")),
         Function("minor", (_m("semver", "int"),), _semver_part("minor")),
         Function("patch", (_m("semver", "int"),), _semver_part("patch")),
+        # timestamps and durations (CEL standard)
+        Function(
+            "timestamp",
+            (_g("string", "timestamp"), _g("int", "timestamp"), _g("timestamp", "timestamp")),
+            _to_timestamp,
+        ),
+        Function("duration", (_g("string", "duration"), _g("duration", "duration")), _to_duration),
+        *(
+            Function(
+                name,
+                (_m("timestamp", "int"), _m("timestamp", "string", "int"))
+                + ((_m("duration", "int"),) if name in _DURATION_GETTERS else ()),
+                _time_getter(name),
+            )
+            for name in _TIMESTAMP_GETTERS
+        ),
+        # Kubernetes IP and CIDR
+        Function("ip", (_g("string", "ip"), _m("cidr", "ip")), kube.to_ip),
+        Function("isIP", (_g("string", "bool"),), kube.is_ip),
+        Function("ip.isCanonical", (_g("string", "bool"),), kube.ip_is_canonical),
+        Function("family", (_m("ip", "int"),), kube.family),
+        *(
+            Function(name, (_m("ip", "bool"),), kube.ip_predicate(name, test))
+            for name, test in (
+                ("isUnspecified", IPAddr.is_unspecified),
+                ("isLoopback", IPAddr.is_loopback),
+                ("isLinkLocalMulticast", IPAddr.is_link_local_multicast),
+                ("isLinkLocalUnicast", IPAddr.is_link_local_unicast),
+                ("isGlobalUnicast", IPAddr.is_global_unicast),
+            )
+        ),
+        Function("cidr", (_g("string", "cidr"),), kube.to_cidr),
+        Function("isCIDR", (_g("string", "bool"),), kube.is_cidr),
+        Function("containsIP", (_m("cidr", "string", "bool"), _m("cidr", "ip", "bool")), kube.contains_ip),
+        Function(
+            "containsCIDR", (_m("cidr", "string", "bool"), _m("cidr", "cidr", "bool")), kube.contains_cidr
+        ),
+        Function("masked", (_m("cidr", "cidr"),), kube.masked),
+        Function("prefixLength", (_m("cidr", "int"),), kube.prefix_length),
+        # Kubernetes URLs
+        Function("url", (_g("string", "url"),), kube.to_url),
+        Function("isURL", (_g("string", "bool"),), kube.is_url),
+        *(
+            Function(name, (_m("url", "map" if name == "getQuery" else "string"),), impl)
+            for name, impl in kube.URL_PARTS.items()
+        ),
+        # Kubernetes named formats
+        Function("format.named", (_g("string", "optional"),), kube.format_named),
+        Function("validate", (_m("format", "string", "optional"),), kube.format_validate),
+        *(Function(f"format.{name}", (_g("format"),), kube.format_constant(name)) for name in FORMATS),
     ]
     return {function.name: function for function in table}
 
@@ -935,6 +1144,10 @@ FUNCTIONS: dict[str, Function] = _functions()
 
 # Namespaces whose members are functions (`strings.quote`), not fields of a variable.
 FUNCTION_NAMESPACES = frozenset(name.split(".")[0] for name in FUNCTIONS if "." in name)
+
+# Functions whose name holds a dot (`strings.quote`, `format.named`): `ip.isCanonical(s)` is this function,
+# while `ip.family()` on a variable called `ip` is a member call, as in cel-go.
+QUALIFIED_FUNCTIONS = frozenset(name for name in FUNCTIONS if "." in name)
 
 # Type identifiers usable as values (`type(x) == int`).
 TYPE_NAMES = {
@@ -948,11 +1161,14 @@ TYPE_NAMES = {
     "map": "map",
     "null_type": "null_type",
     "type": "type",
+    "net.IP": "net.IP",
+    "net.CIDR": "net.CIDR",
 }
 
 __all__ = [
     "FUNCTIONS",
     "FUNCTION_NAMESPACES",
+    "QUALIFIED_FUNCTIONS",
     "TYPE_NAMES",
     "DeviceValue",
     "Function",

@@ -1,9 +1,12 @@
-"""Optional field and index syntax (`x.?field`, `x[?key]`: cel-go's OptionalTypes, in Kubernetes since 1.28).
+"""Optional field, index and entry syntax (cel-go's OptionalTypes, in Kubernetes since 1.28): `x.?field`,
+`x[?key]`, and optional entries in literals, `[?a, ?b]` and `{?key: value}`.
 
-cel-python's grammar has no `.?` or `[?`. Instead of forking the grammar, the text is rewritten so that it
-parses with the same positions: `.?name` becomes `._name` and `[?key]` becomes `[ key]`, and the offsets of
-the rewritten places are remembered so that the syntax tree converter marks exactly those selections as
-optional. String literals and comments are left alone.
+cel-python's grammar has none of these. Instead of forking the grammar, the text is rewritten so that it
+parses with the same positions: `.?name` becomes `._name`, and a `?` right after `[`, `{` or `,` becomes a
+space; the offsets of the rewritten places are remembered so that the syntax tree converter marks exactly
+those selections, indexes and entries as optional. (A `?` in those places cannot be the conditional
+operator, which always follows an operand.) A mark that the converter does not use, as in `f(a, ?b)`, is a
+syntax error. String literals and comments are left alone.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import dataclass, field
 @dataclass
 class OptionalMarks:
     select_names: set[int] = field(default_factory=set)  # offsets of the identifier after `.?` (now `_name`)
-    index_starts: set[int] = field(default_factory=set)  # offsets where the key expression of `[?key]` starts
+    # offsets where the expression after a rewritten `?` starts: the key of `[?key]`, or an optional entry
+    index_starts: set[int] = field(default_factory=set)
 
 
 def mark_optional_syntax(text: str) -> tuple[str, OptionalMarks]:
@@ -23,11 +27,13 @@ def mark_optional_syntax(text: str) -> tuple[str, OptionalMarks]:
         return text, marks
     chars = list(text)
     length = len(text)
+    previous = ""  # the last character outside strings, comments and white space
     i = 0
     while i < length:
         char = text[i]
         if char in "'\"":
             i = _skip_string(text, i)
+            previous = char
             continue
         if char == "/" and text.startswith("//", i):
             end = text.find("\n", i)
@@ -36,16 +42,20 @@ def mark_optional_syntax(text: str) -> tuple[str, OptionalMarks]:
         if char == "." and i + 1 < length and text[i + 1] == "?":
             chars[i + 1] = "_"
             marks.select_names.add(i + 1)
+            previous = "_"
             i += 2
             continue
-        if char == "[" and i + 1 < length and text[i + 1] == "?":
-            chars[i + 1] = " "
-            j = i + 2
+        if char == "?" and previous in ("[", "{", ","):
+            chars[i] = " "
+            j = i + 1
             while j < length and text[j].isspace():
                 j += 1
             marks.index_starts.add(j)
-            i += 2
+            previous = "?"
+            i += 1
             continue
+        if not char.isspace():
+            previous = char
         i += 1
     return "".join(chars), marks
 

@@ -15,11 +15,12 @@ from celpy.celparser import CELParseError, CELParser
 from celpy.evaluation import celbytes, celstr
 
 from dra_gpu.cel.errors import CelCompileError
-from dra_gpu.cel.library import FUNCTION_NAMESPACES
+from dra_gpu.cel.library import QUALIFIED_FUNCTIONS, TYPE_NAMES
 from dra_gpu.cel.optional_syntax import OptionalMarks, mark_optional_syntax
 from dra_gpu.cel.values import INT64_MAX, INT64_MIN, UINT64_MAX, Uint
 
 MAX_EXPRESSION_LENGTH = 10 * 1024  # CELSelectorExpressionMaxLength
+SORT_BY_INPUT = "@__sortBy_input__"  # not a valid identifier, so expressions cannot refer to it
 
 
 @dataclass
@@ -63,11 +64,13 @@ class Call(Node):
 @dataclass
 class ListLit(Node):
     items: list[Node]
+    optional: frozenset[int] = frozenset()  # positions of `?item` entries
 
 
 @dataclass
 class MapLit(Node):
     entries: list[tuple[Node, Node]]
+    optional: frozenset[int] = frozenset()  # positions of `?key: value` entries
 
 
 @dataclass
@@ -154,7 +157,7 @@ def parse(expression: str) -> Node:
         raise CelCompileError(
             f"Syntax error: {str(error).splitlines()[0]}", expression, line, column
         ) from None
-    return _Converter(expression, marks).convert(tree)
+    return _Converter(expression, marks).convert_root(tree)
 
 
 def _syntax_message(error: CELParseError) -> str:
@@ -173,6 +176,17 @@ class _Converter:
     def __init__(self, expression: str, marks: OptionalMarks | None = None):
         self.expression = expression
         self.marks = marks or OptionalMarks()
+        self.used_marks: set[int] = set()
+
+    def convert_root(self, tree: lark.Tree[Any]) -> Node:
+        node = self.convert(tree)
+        unused = self.marks.index_starts - self.used_marks
+        if unused:
+            offset = min(unused)
+            line = self.expression.count("\n", 0, offset) + 1
+            column = offset - (self.expression.rfind("\n", 0, offset) + 1)  # column of the `?`
+            raise CelCompileError("Syntax error: mismatched input '?'", self.expression, line, column)
+        return node
 
     def error(self, message: str, where: lark.Tree[Any] | lark.Token | None) -> CelCompileError:
         line, column = _position(where)
@@ -242,6 +256,9 @@ class _Converter:
     def _member_dot(self, tree: lark.Tree[Any]) -> Node:
         operand, name = tree.children
         text = str(name)
+        qualified = f"{_bare_ident(operand)}.{text}"
+        if qualified in TYPE_NAMES:
+            return Ident(qualified)  # a qualified type name such as net.CIDR
         optional = isinstance(name, lark.Token) and name.start_pos in self.marks.select_names
         node = Select(self.convert(operand), text[1:] if optional else text, optional=optional)
         node.line, node.column = _position(name)
@@ -249,8 +266,7 @@ class _Converter:
 
     def _member_index(self, tree: lark.Tree[Any]) -> Node:
         operand, index = tree.children
-        start = _start_offset(index)
-        optional = start is not None and start in self.marks.index_starts
+        optional = self._optional_mark(index)
         return Index(self.convert(operand), self.convert(index), optional=optional)
 
     def _member_object(self, tree: lark.Tree[Any]) -> Node:
@@ -265,14 +281,36 @@ class _Converter:
         target_name = _bare_ident(target_tree)
         if target_name == "cel" and name == "bind":
             return self._bind(tree, args)
-        if target_name in FUNCTION_NAMESPACES:
+        if target_name is not None and f"{target_name}.{name}" in QUALIFIED_FUNCTIONS:
             node: Node = Call(f"{target_name}.{name}", None, [self.convert(a) for a in args])
+        elif name == "sortBy" and len(args) == 2 and _bare_ident(args[0]) is not None:
+            node = self._sort_by(tree, target_tree, args)
         elif name in _MACROS and len(args) in (2, 3) and _bare_ident(args[0]) is not None:
             node = self._comprehension(tree, name, target_tree, args)
         else:
             node = Call(name, self.convert(target_tree), [self.convert(a) for a in args])
         node.line, node.column = _position(name_token)
         return node
+
+    def _sort_by(self, tree: lark.Tree[Any], target_tree: lark.Tree[Any], args: list[Any]) -> Node:
+        """ext.Lists' `sortBy` macro, expanded as cel-go does: bind the list to a hidden variable, then
+        `@sortByAssociatedKeys(list, list.map(e, key))`."""
+        target = self.convert(target_tree)
+        if isinstance(target, Literal | MapLit):
+            raise self.error(
+                "sortBy can only be applied to a list, identifier, comprehension, call or select expression",
+                target_tree,
+            )
+        var = _bare_ident(args[0])
+        assert var is not None
+        line, column = _position(tree.children[1])
+        keys = Comprehension(
+            "map", Ident(SORT_BY_INPUT, line=line, column=column), var, None, self.convert(args[1])
+        )
+        call = Call("@sortByAssociatedKeys", Ident(SORT_BY_INPUT, line=line, column=column), [keys])
+        keys.line = call.line = line
+        keys.column = call.column = column
+        return Bind(SORT_BY_INPUT, target, call)
 
     def _bind(self, tree: lark.Tree[Any], args: list[Any]) -> Node:
         if len(args) != 3 or _bare_ident(args[0]) is None:
@@ -331,16 +369,29 @@ class _Converter:
             return inner
         return Call(name, None, [self.convert(a) for a in args])
 
+    def _optional_mark(self, tree: Any) -> bool:
+        """Whether `tree` follows a rewritten `?`; the mark is used up."""
+        start = _start_offset(tree)
+        if start is not None and start in self.marks.index_starts:
+            self.used_marks.add(start)
+            return True
+        return False
+
     def _list_lit(self, tree: lark.Tree[Any]) -> Node:
         if not tree.children or tree.children[0] is None:
             return ListLit([])
-        return ListLit([self.convert(c) for c in tree.children[0].children])
+        children = list(tree.children[0].children)
+        optional = frozenset(i for i, child in enumerate(children) if self._optional_mark(child))
+        return ListLit([self.convert(c) for c in children], optional)
 
     def _map_lit(self, tree: lark.Tree[Any]) -> Node:
         if not tree.children or tree.children[0] is None:
             return MapLit([])
-        items = [self.convert(c) for c in tree.children[0].children]
-        return MapLit(list(zip(items[0::2], items[1::2], strict=True)))
+        children = list(tree.children[0].children)
+        keys = children[0::2]
+        optional = frozenset(i for i, key in enumerate(keys) if self._optional_mark(key))
+        items = [self.convert(c) for c in children]
+        return MapLit(list(zip(items[0::2], items[1::2], strict=True)), optional)
 
     def _literal(self, tree: lark.Tree[Any]) -> Node:
         token = tree.children[0]
@@ -406,8 +457,9 @@ def _start_offset(where: Any) -> int | None:
     if isinstance(where, lark.Token):
         return where.start_pos
     if isinstance(where, lark.Tree):
-        if not where.meta.empty:
-            return int(where.meta.start_pos)
+        start = None if where.meta.empty else getattr(where.meta, "start_pos", None)
+        if start is not None:
+            return int(start)
         for child in where.children:
             offset = _start_offset(child)
             if offset is not None:

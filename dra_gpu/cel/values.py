@@ -1,8 +1,9 @@
 """CEL runtime values as plain Python objects, and the operations every part of the evaluator shares.
 
 Representation: bool -> bool, int -> int, uint -> `Uint` (an int subclass), double -> float, string -> str,
-bytes -> bytes, list -> list/tuple, map -> dict, null -> None, plus `Quantity`, `Semver`, `CelType` and the
-`DeviceValue` object. Plain Python values keep evaluation fast; `bool` must always be tested before `int`.
+bytes -> bytes, list -> list/tuple, map -> dict, null -> None, plus `Quantity`, `Semver`, `IPAddr`, `CIDR`,
+`URL`, `Timestamp`, `Duration`, `NamedFormat`, `CelType` and the `DeviceValue` object. Plain Python values
+keep evaluation fast; `bool` must always be tested before `int`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from dra_gpu.cel.errors import CelEvalError
+from dra_gpu.cel.formats import NamedFormat
+from dra_gpu.cel.network import CIDR, IPAddr
 from dra_gpu.cel.quantity import Quantity
 from dra_gpu.cel.semver import Semver
+from dra_gpu.cel.temporal import Duration, Timestamp
+from dra_gpu.cel.urls import URL
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -126,6 +131,18 @@ def type_name(value: Any) -> str:
         return "kubernetes.Quantity"
     if isinstance(value, Semver):
         return "kubernetes.Semver"
+    if isinstance(value, Timestamp):
+        return "google.protobuf.Timestamp"
+    if isinstance(value, Duration):
+        return "google.protobuf.Duration"
+    if isinstance(value, IPAddr):
+        return "net.IP"
+    if isinstance(value, CIDR):
+        return "net.CIDR"
+    if isinstance(value, URL):
+        return "kubernetes.URL"
+    if isinstance(value, NamedFormat):
+        return "kubernetes.NamedFormat"
     if isinstance(value, CelType):
         return "type"
     if isinstance(value, DeviceValue):
@@ -193,7 +210,7 @@ def compare(a: Any, b: Any, op: str) -> int:
     """-1/0/1 for the ordering operators; numbers compare across int, uint and double."""
     if is_number(a) and is_number(b):
         if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
-            raise _NanCompareError()
+            raise NanCompareError()
         return int((a > b) - (a < b))
     if isinstance(a, bool) and isinstance(b, bool):
         return int(a) - int(b)
@@ -201,17 +218,21 @@ def compare(a: Any, b: Any, op: str) -> int:
         return (a > b) - (a < b)
     if isinstance(a, bytes) and isinstance(b, bytes):
         return (a > b) - (a < b)
+    if (isinstance(a, Timestamp) and isinstance(b, Timestamp)) or (
+        isinstance(a, Duration) and isinstance(b, Duration)
+    ):
+        return (a.nanos > b.nanos) - (a.nanos < b.nanos)
     raise no_overload(op, a, b)
 
 
-class _NanCompareError(Exception):
+class NanCompareError(Exception):
     """Any ordering with NaN is false."""
 
 
 def ordering(a: Any, b: Any, op: str) -> bool:
     try:
         result = compare(a, b, op)
-    except _NanCompareError:
+    except NanCompareError:
         return False
     if op == "_<_":
         return result < 0

@@ -1,4 +1,5 @@
-"""`dra-gpu hardware list|init-sim|state|reset|fault`: the hardware profiles and the simulator's driver root.
+"""`dra-gpu hardware list|init-sim|state|reset|fault|xid|gpu-lost|recover`: the hardware profiles and the
+simulator's driver root (and errors injected into it).
 
 Also the shared `--hardware` / `--nvidia-driver-root` options of the commands that read GPUs (`inventory`,
 `slices`).
@@ -12,9 +13,10 @@ import json
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import pynvml
 import yaml
 
 from dra_gpu.hardware import profiles
@@ -22,6 +24,8 @@ from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.loader import REAL, open_hardware
 from dra_gpu.hardware.nvml_hardware import NvmlHardware
 from dra_gpu.hardware.sim_driver_root import init_sim_driver_root, open_simulated_nvml, state_path
+from dra_gpu.hardware.simulator import nvml as simulator_nvml
+from dra_gpu.hardware.simulator.nvml import SimulatedNvml
 from dra_gpu.hardware.simulator.state import Fault, StateError, StateStore
 
 
@@ -104,6 +108,29 @@ def register(subparsers: Any) -> None:
     p.add_argument("--error", type=int, default=15, help="NVML error code (default 15, GPU_IS_LOST)")
     p.add_argument("--clear", action="store_true", help="remove every injected fault")
     p.set_defaults(func=_fault)
+
+    p = sub.add_parser("xid", help="raise an NVML XID critical-error event on a simulated GPU")
+    p.add_argument("--driver-root", "--nvidia-driver-root", dest="driver_root", required=True)
+    p.add_argument("--gpu", type=int, required=True, help="GPU minor number (/dev/nvidia<minor>)")
+    p.add_argument("--xid", type=int, required=True, help="XID number, e.g. 79 (fallen off the bus)")
+    p.add_argument("--gi", type=int, default=None, help="GPU instance id (MIG); default: the whole GPU")
+    p.add_argument("--ci", type=int, default=None, help="compute instance id inside --gi")
+    p.add_argument(
+        "--no-reset-required",
+        action="store_true",
+        help="leave the GPU's recovery action at NONE (default: GPU_RESET until 'recover')",
+    )
+    p.set_defaults(func=_xid)
+
+    p = sub.add_parser("gpu-lost", help="every NVML call on the GPU fails with GPU_IS_LOST until 'recover'")
+    p.add_argument("--driver-root", "--nvidia-driver-root", dest="driver_root", required=True)
+    p.add_argument("--gpu", type=int, required=True, help="GPU minor number")
+    p.set_defaults(func=_gpu_lost)
+
+    p = sub.add_parser("recover", help="simulate a successful GPU reset that clears the GPU's errors")
+    p.add_argument("--driver-root", "--nvidia-driver-root", dest="driver_root", required=True)
+    p.add_argument("--gpu", type=int, required=True, help="GPU minor number")
+    p.set_defaults(func=_recover)
 
     def usage(_args: argparse.Namespace) -> int:
         parser.print_help()
@@ -205,6 +232,46 @@ def _fault(args: argparse.Namespace) -> int:
     except StateError as err:
         return _fail(str(err))
     return 0
+
+
+def _gpu_index(driver_root: str, minor: int) -> int:
+    state = StateStore(state_path(driver_root)).read()
+    for gpu in profiles.simulated_gpus(state.layout(), state.seed):
+        if gpu.minor == minor:
+            return gpu.index
+    minors = [g.minor for g in profiles.simulated_gpus(state.layout(), state.seed)]
+    raise ValueError(f"--gpu {minor}: no simulated GPU has that minor number (minors: {minors})")
+
+
+def _simulate(args: argparse.Namespace, action: Callable[[SimulatedNvml, int], None]) -> int:
+    try:
+        index = _gpu_index(args.driver_root, args.gpu)
+        action(open_simulated_nvml(args.driver_root), index)
+    except (StateError, ValueError) as err:
+        return _fail(str(err))
+    return 0
+
+
+def _xid(args: argparse.Namespace) -> int:
+    if args.ci is not None and args.gi is None:
+        return _fail("--ci needs --gi (a compute instance lives inside a GPU instance)")
+    every = simulator_nvml.ALL_INSTANCES
+    gi = every if args.gi is None else args.gi
+    ci = every if args.ci is None else args.ci
+    action = (
+        pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+        if args.no_reset_required
+        else pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    )
+    return _simulate(args, lambda nvml, index: nvml.inject_xid(index, args.xid, gi, ci, action))
+
+
+def _gpu_lost(args: argparse.Namespace) -> int:
+    return _simulate(args, lambda nvml, index: nvml.lose_gpu(index))
+
+
+def _recover(args: argparse.Namespace) -> int:
+    return _simulate(args, lambda nvml, index: nvml.recover_gpu(index))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,14 +17,12 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from dra_gpu.inventory.model import DRIVER_NAME, DeviceModel
-
-if TYPE_CHECKING:
-    from dra_gpu.plugin.device_inventory import DeviceInventory
+from dra_gpu.plugin.health_monitor import add_device_health_args
 
 log = structlog.get_logger("dra_gpu.kubelet_plugin")
 
@@ -149,6 +147,7 @@ def register(subparsers: Any) -> None:
         help="seconds between hardware re-discoveries (also on SIGHUP); changed devices are republished "
         "[REDISCOVERY_INTERVAL] (default: 60)",
     )
+    add_device_health_args(p)
     p.add_argument(
         "--log-format",
         default=_env("LOG_FORMAT", "auto"),
@@ -197,14 +196,14 @@ def _make_sharing_manager(hardware: Any, plugin_dir: Path) -> Any:
 
 
 def _start_slice_publishing(
-    args: argparse.Namespace, api_client: Any, inventory: DeviceInventory
+    args: argparse.Namespace, api_client: Any, model: Callable[[], DeviceModel]
 ) -> tuple[Callable[[], None], Callable[[DeviceModel], None]] | None:
     """Start the ResourceSlice controller; returns its stop function and its `update_model`."""
     if args.publish_slices != "true":
         return None
     from dra_gpu.slices.slice_controller import SliceController
 
-    controller = SliceController(api_client, DRIVER_NAME, args.node_name, inventory.model)
+    controller = SliceController(api_client, DRIVER_NAME, args.node_name, model)
     controller.start()
     return controller.stop, controller.update_model
 
@@ -226,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_gpu.plugin.device_inventory import DeviceInventory, DiscoveryFailedError, Rediscovery
     from dra_gpu.plugin.fault_injection import FaultPoints
     from dra_gpu.plugin.health import DeviceHealthService
+    from dra_gpu.plugin.health_monitor import start_device_health
     from dra_gpu.plugin.http_endpoint import HttpEndpoint, probe_sockets
     from dra_gpu.plugin.metrics import PluginMetrics
     from dra_gpu.plugin.prepare_service import PrepareService
@@ -244,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
         # Everything this process reads or runs comes from the container's view of the driver root.
         hardware = open_hardware(args.hardware, args.container_driver_root or host_driver_root)
         inventory = DeviceInventory(hardware)
+        # device taints from NVML health events (the view is the inventory's model plus those taints)
+        health_view = start_device_health(args, hardware, inventory.model)
     except (HardwareError, SocketSetupError, ValueError) as exc:
         log.error("cannot start", error=str(exc))
         return 1
@@ -288,13 +290,21 @@ def run(args: argparse.Namespace) -> int:
 
     health = None
     if args.health_service == "true":
-        health = DeviceHealthService(args.node_name, inventory.model)
+        health = DeviceHealthService(args.node_name, health_view.model)
     server = PluginServer(paths, DRIVER_NAME, service, metrics, health=health)
-    publishing = _start_slice_publishing(args, api_client, inventory)
+    publishing = _start_slice_publishing(args, api_client, health_view.model)
 
     def republish(model: DeviceModel) -> None:
         if publishing is not None:
-            publishing[1](model)
+            publishing[1](health_view.with_health(model))
+
+    def on_health_change() -> None:
+        republish(inventory.model())
+        if health is not None:
+            health.notify()
+
+    if health_view.monitor is not None:
+        health_view.monitor.on_change = on_health_change
 
     # Prepare and the health stream read `inventory.model` on each call: they follow a refresh by themselves.
     rediscovery = Rediscovery(inventory, republish, args.rediscovery_interval)
@@ -357,6 +367,7 @@ def run(args: argparse.Namespace) -> int:
     stopping.wait()
 
     rediscovery.stop()
+    health_view.stop()
     server.stop()
     for endpoint in endpoints:
         endpoint.stop()

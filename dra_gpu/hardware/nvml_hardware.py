@@ -137,6 +137,11 @@ class NvmlHardware:
         self._ensure_init()
         return self._call(f"GPU {gpu_uuid}", "nvmlDeviceGetHandleByUUID", gpu_uuid)
 
+    def nvml_module(self) -> Any:
+        """The NVML module (pynvml or the simulator) for callers that need calls this class does not wrap
+        (the health monitor's event set, which must not wait under this class's lock)."""
+        return self._nvml
+
     def driver_root(self) -> str:
         return self._driver_root
 

@@ -116,3 +116,32 @@ class DiscoveryResult:
     cuda_driver_version: tuple[int, int]  # (12, 4)
     gpus: tuple[GpuInfo, ...]
     errors: tuple[DiscoveryError, ...] = field(default=())
+
+
+ALL_INSTANCES = 0xFFFFFFFF  # NVML's gpuInstanceId / computeInstanceId for an event about the whole GPU
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One NVML XID critical-error event (nvmlEventTypeXidCriticalError) on a physical GPU."""
+
+    gpu_uuid: str
+    xid: int
+    gi_id: int = ALL_INSTANCES  # MIG GPU-instance id; ALL_INSTANCES: the whole GPU
+    ci_id: int = ALL_INSTANCES
+    gi_placement: tuple[int, int] | None = None  # (start, size) of that GPU instance, when it could be read
+    time: float = 0.0  # unix seconds when the event was read
+
+    @property
+    def whole_gpu(self) -> bool:
+        return self.gi_id == ALL_INSTANCES
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    """How one GPU answers right now (the health monitor's recovery check)."""
+
+    gpu_uuid: str
+    answering: bool  # False: NVML calls on it fail (GPU_IS_LOST and the like)
+    reset_required: bool  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION is not NONE (unknown counts as not required)
+    error: str | None = None

@@ -72,6 +72,19 @@ class MigSpec:
     ci_id: int | None = None  # static MIG only
 
 
+TaintEffect = Literal["NoSchedule", "NoExecute", "None"]
+
+
+@dataclass(frozen=True)
+class DeviceTaint:
+    """A KEP-5055 device taint (published in `devices[].taints`)."""
+
+    key: str  # label name, e.g. "gpu.nvidia.com/xid"
+    value: str  # label value ("" for none), e.g. "79"
+    effect: TaintEffect
+    time_added: str | None = None  # RFC 3339 UTC, seconds; set by us so the server keeps it across updates
+
+
 @dataclass(frozen=True)
 class Device:
     name: str  # "gpu-0", "gpu-0-mig-1g10gb-19-3", "gpu-0-shared"
@@ -83,6 +96,7 @@ class Device:
     consumes_counters: tuple[CounterConsumption, ...] = ()
     allow_multiple_allocations: bool = False
     mig: MigSpec | None = None
+    taints: tuple[DeviceTaint, ...] = ()  # health taints (`dra_gpu.inventory.device_health`)
 
 
 @dataclass(frozen=True)

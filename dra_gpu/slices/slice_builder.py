@@ -6,7 +6,10 @@ slices):
   references inside a slice only).
 - Kubernetes 1.35+: counters and devices may not share a slice, so first the counters-only slices (at most 8
   counter
-  sets each), then one device slice per GPU (split at 64 devices when they consume counters, 128 otherwise).
+  sets each), then one device slice per GPU (split at 64 devices when they consume counters or carry taints,
+  128 otherwise).
+- Device taints (health): at most 16 per device on 1.35+, 4 on 1.34 (the model orders them most severe
+  first; the rest are left out). Effect `None` only exists since 1.35: on 1.34 such taints are left out.
 - No devices at all: one empty slice, so consumers see an empty pool rather than no pool.
 
 Names are deterministic, `<node>-gpu.nvidia.com-<n>` in order, so the controller can match existing slices to
@@ -26,6 +29,7 @@ from dra_gpu.inventory.model import (
     CounterSet,
     Device,
     DeviceModel,
+    DeviceTaint,
     RequestPolicy,
 )
 
@@ -33,6 +37,8 @@ API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_COUNTERS = 64
 MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_TAINTS_PER_DEVICE = 16  # 1.35+
+MAX_TAINTS_PER_DEVICE_134 = 4
 MIN_KUBERNETES = (1, 34)
 _BINARY_SUFFIXES = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
 _MAX_NAME = 253
@@ -92,7 +98,20 @@ def _counter_value(name: str, value: int) -> dict[str, str]:
     return {"value": format_quantity(value, binary_si=name == "memory")}
 
 
-def device_to_wire(device: Device) -> dict[str, Any]:
+def taint_to_wire(taint: DeviceTaint) -> dict[str, Any]:
+    out: dict[str, Any] = {"key": taint.key, "effect": taint.effect}
+    if taint.value:
+        out["value"] = taint.value
+    if taint.time_added:
+        out["timeAdded"] = taint.time_added
+    return out
+
+
+def max_taints(kubernetes_version: tuple[int, int]) -> int:
+    return MAX_TAINTS_PER_DEVICE if uses_split_layout(kubernetes_version) else MAX_TAINTS_PER_DEVICE_134
+
+
+def device_to_wire(device: Device, taint_limit: int = MAX_TAINTS_PER_DEVICE) -> dict[str, Any]:
     out: dict[str, Any] = {"name": device.name}
     if device.attributes:
         out["attributes"] = {k: _attribute(v) for k, v in sorted(device.attributes.items())}
@@ -108,6 +127,10 @@ def device_to_wire(device: Device) -> dict[str, Any]:
         ]
     if device.allow_multiple_allocations:
         out["allowMultipleAllocations"] = True
+    # the 1.34 limit (4) also marks the release without effect None
+    taints = [t for t in device.taints if taint_limit > MAX_TAINTS_PER_DEVICE_134 or t.effect != "None"]
+    if taints:
+        out["taints"] = [taint_to_wire(t) for t in taints[:taint_limit]]
     return out
 
 
@@ -119,7 +142,8 @@ def counter_set_to_wire(counter_set: CounterSet) -> dict[str, Any]:
 
 
 def _chunks(devices: Sequence[Device]) -> Iterable[list[Device]]:
-    limit = MAX_DEVICES_WITH_COUNTERS if any(d.consumes_counters for d in devices) else MAX_DEVICES
+    advanced = any(d.consumes_counters or d.taints for d in devices)
+    limit = MAX_DEVICES_WITH_COUNTERS if advanced else MAX_DEVICES
     for start in range(0, len(devices), limit):
         yield list(devices[start : start + limit])
 
@@ -131,7 +155,7 @@ def _group_by_gpu(devices: Sequence[Device]) -> list[list[Device]]:
     return [groups[minor] for minor in sorted(groups)]
 
 
-def _slice_specs(model: DeviceModel, split: bool) -> list[dict[str, Any]]:
+def _slice_specs(model: DeviceModel, split: bool, taint_limit: int) -> list[dict[str, Any]]:
     """The `spec` content of each slice (devices and/or sharedCounters), in publishing order."""
     specs: list[dict[str, Any]] = []
     sets_by_name = {c.name: c for c in model.counter_sets}
@@ -141,13 +165,15 @@ def _slice_specs(model: DeviceModel, split: bool) -> list[dict[str, Any]]:
             chunk_sets = sets[start : start + MAX_COUNTER_SETS_PER_SLICE]
             specs.append({"sharedCounters": [counter_set_to_wire(c) for c in chunk_sets]})
         for group in _group_by_gpu(model.devices):
-            specs.extend({"devices": [device_to_wire(d) for d in chunk]} for chunk in _chunks(group))
+            specs.extend(
+                {"devices": [device_to_wire(d, taint_limit) for d in chunk]} for chunk in _chunks(group)
+            )
     else:
         placed: set[str] = set()
         for group in _group_by_gpu(model.devices):
             used = sorted({c.counter_set for d in group for c in d.consumes_counters})
             for chunk in _chunks(group):
-                spec: dict[str, Any] = {"devices": [device_to_wire(d) for d in chunk]}
+                spec: dict[str, Any] = {"devices": [device_to_wire(d, taint_limit) for d in chunk]}
                 # 1.34 resolves references inside the slice only, so a slice carries the sets its devices use.
                 needed = [
                     n
@@ -185,7 +211,7 @@ def build_slices(
         )
     if not node_name:
         raise ValueError("node_name must not be empty: slices are published for one node")
-    specs = _slice_specs(model, uses_split_layout(kubernetes_version))
+    specs = _slice_specs(model, uses_split_layout(kubernetes_version), max_taints(kubernetes_version))
     slices = []
     for index, content in enumerate(specs):
         metadata: dict[str, Any] = {"name": slice_name(node_name, index, driver_name)}

@@ -19,6 +19,8 @@ from dra_gpu.slices.slice_builder import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES,
     MAX_DEVICES_WITH_COUNTERS,
+    MAX_TAINTS_PER_DEVICE,
+    MAX_TAINTS_PER_DEVICE_134,
     uses_split_layout,
 )
 
@@ -39,6 +41,7 @@ MAX_CONSUMED_COUNTERS_PER_DEVICE_134 = 32
 MAX_CONSUMED_COUNTERS_PER_SLICE_134 = 1024
 MAX_CONSUMES_ENTRIES = 2
 MAX_VALID_VALUES = 10
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 
 
 class SliceValidationError(ValueError):
@@ -149,6 +152,30 @@ def _check_request_policy(
                 for label, value in (("default", default), ("validRange.max", high)):
                     if value is not None and (value - low) % step:
                         problems.append(f"{where}.{label}: must equal min + n*step")
+
+
+def _is_label_name(key: str) -> bool:
+    """A Kubernetes label key: optional DNS-subdomain prefix and '/', then a name of <= 63."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and not _is_dns_subdomain(prefix):
+        return False
+    return len(name) <= 63 and bool(_LABEL_VALUE.fullmatch(name)) and bool(name)
+
+
+def _check_taints(where: str, device: Mapping[str, Any], split: bool, problems: list[str]) -> None:
+    taints = device.get("taints") or []
+    limit = MAX_TAINTS_PER_DEVICE if split else MAX_TAINTS_PER_DEVICE_134
+    if len(taints) > limit:
+        problems.append(f"{where}.taints: {len(taints)} taints, at most {limit}")
+    effects = ("NoSchedule", "NoExecute", "None") if split else ("NoSchedule", "NoExecute")
+    for i, taint in enumerate(taints):
+        key, value = taint.get("key", ""), taint.get("value", "")
+        if not _is_label_name(key):
+            problems.append(f"{where}.taints[{i}].key: {key!r} is not a label name")
+        if len(value) > 63 or (value and not _LABEL_VALUE.fullmatch(value)):
+            problems.append(f"{where}.taints[{i}].value: {value!r} is not a label value (<= 63)")
+        if taint.get("effect") not in effects:
+            problems.append(f"{where}.taints[{i}].effect: {taint.get('effect')!r}, expected one of {effects}")
 
 
 def _check_device(where: str, device: Mapping[str, Any], problems: list[str]) -> None:
@@ -281,6 +308,7 @@ def validate_slices(
         for d_index, device in enumerate(devices):
             device_where = f"{where}.devices[{d_index}] {device.get('name', '')!r}"
             _check_device(device_where, device, problems)
+            _check_taints(device_where, device, split, problems)
             key = (pool_name, device.get("name", ""))
             if key in device_names:
                 problems.append(f"{device_where}: device name also in {device_names[key]} (unique per pool)")

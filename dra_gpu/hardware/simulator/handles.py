@@ -20,6 +20,7 @@ KIND_DEVICE = 1
 KIND_MIG_DEVICE = 2
 KIND_GPU_INSTANCE = 3
 KIND_COMPUTE_INSTANCE = 4
+KIND_EVENT_SET = 5  # gpu_index holds the event set's number
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ def make(ref: HandleRef) -> Any:
         KIND_MIG_DEVICE: pynvml.c_nvmlDevice_t,
         KIND_GPU_INSTANCE: pynvml.c_nvmlGpuInstance_t,
         KIND_COMPUTE_INSTANCE: pynvml.c_nvmlComputeInstance_t,
+        KIND_EVENT_SET: pynvml.c_nvmlEventSet_t,
     }[ref.kind]
     return ctypes.cast(ctypes.c_void_p(_address(ref)), pointer_type)
 

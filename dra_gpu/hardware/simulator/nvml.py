@@ -18,13 +18,20 @@ Behaviour modelled on hardware:
   status
   RESET_REQUIRED) until `reset_gpu()`; disabling with instances present fails with IN_USE.
 - A GPU instance with compute instances cannot be destroyed (IN_USE).
-- Faults recorded in the state make a chosen function fail for a chosen GPU.
+- Faults recorded in the state make a chosen function fail for a chosen GPU (`gpu-lost`: every function fails
+  with GPU_IS_LOST).
+- Events (`nvmlEventSetCreate`, `nvmlDeviceRegisterEvents`, `nvmlEventSetWait_v2`, `nvmlEventSetFree`): events
+  raised by another process (`dra-gpu hardware xid`) are appended to the state file; an event set delivers, in
+  order, those raised after its GPU registered, polling the state until the wait times out (TIMEOUT). An XID
+  also sets the GPU's recovery action (`nvmlDeviceGetFieldValues` with NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) to
+  GPU_RESET unless told otherwise; `recover_gpu` (a reset) clears it and the GPU's faults.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import time
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -35,10 +42,12 @@ from dra_gpu.hardware.simulator import handles
 from dra_gpu.hardware.simulator.handles import HandleRef
 from dra_gpu.hardware.simulator.state import (
     ComputeInstanceState,
+    Fault,
     GpuInstanceState,
     GpuState,
     SimState,
     StateStore,
+    raise_event,
 )
 
 _T = TypeVar("_T")
@@ -55,6 +64,24 @@ _CORES_PER_SM = {
     profiles.ARCH_ADA: 128,
     profiles.ARCH_HOPPER: 128,
 }
+
+
+ALL_INSTANCES = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event that concerns the whole GPU
+SUPPORTED_EVENTS = (
+    pynvml.nvmlEventTypeSingleBitEccError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypeXidCriticalError
+)
+_EVENT_POLL_S = 0.05  # how often a waiting event set re-reads the state file
+
+
+class _EventSet:
+    """Which GPUs registered which event types, and the seq of the last event delivered."""
+
+    def __init__(self) -> None:
+        self.masks: dict[int, int] = {}  # gpu index -> event type mask
+        self.registered_at: dict[int, int] = {}  # gpu index -> event_seq when it registered
+        self.cursor = 0
 
 
 def _fail(code: int) -> NoReturn:
@@ -92,6 +119,8 @@ class SimulatedNvml:
         self.store = StateStore(state_path)
         self._init_count = 0
         self._after_change = after_change  # e.g. keep the driver root's MIG capability files in step
+        self._event_sets: dict[int, _EventSet] = {}
+        self._next_event_set = 1
 
     # ---- module-like fallbacks: constants, structs and errors are pynvml's own ----
     def __getattr__(self, name: str) -> Any:
@@ -746,3 +775,131 @@ class SimulatedNvml:
         if ref.kind != handles.KIND_MIG_DEVICE:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return ref.ci_id
+
+    # ---- events ----
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        self._device(handle, "nvmlDeviceGetSupportedEventTypes")
+        return int(SUPPORTED_EVENTS)
+
+    def nvmlEventSetCreate(self) -> Any:
+        self._state()
+        number = self._next_event_set
+        self._next_event_set += 1
+        self._event_sets[number] = _EventSet()
+        return handles.make(HandleRef(handles.KIND_EVENT_SET, number))
+
+    def _event_set(self, event_set: Any) -> tuple[int, _EventSet]:
+        ref = handles.decode(event_set)
+        if ref is None or ref.kind != handles.KIND_EVENT_SET or ref.gpu_index not in self._event_sets:
+            _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return ref.gpu_index, self._event_sets[ref.gpu_index]
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None:
+        state, ref = self._device(handle, "nvmlDeviceRegisterEvents")
+        _number, events = self._event_set(event_set)
+        if event_types & ~SUPPORTED_EVENTS:
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        events.masks[ref.gpu_index] = events.masks.get(ref.gpu_index, 0) | event_types
+        events.registered_at.setdefault(ref.gpu_index, state.event_seq)
+
+    def nvmlEventSetWait_v2(self, event_set: Any, timeoutms: int) -> Any:
+        _number, events = self._event_set(event_set)
+        deadline = time.monotonic() + max(timeoutms, 0) / 1000
+        while True:
+            state = self._state()
+            for gpu_index in events.masks:
+                self._check_fault(state, gpu_index, "nvmlEventSetWait_v2")
+            for event in state.events:
+                mask = events.masks.get(event.gpu_index, 0)
+                if (
+                    event.seq <= events.cursor
+                    or event.seq <= events.registered_at.get(event.gpu_index, 0)
+                    or not mask & event.event_type
+                ):
+                    continue
+                events.cursor = event.seq
+                data = pynvml.c_nvmlEventData_t()
+                data.device = handles.make(HandleRef(handles.KIND_DEVICE, event.gpu_index))
+                data.eventType = event.event_type
+                data.eventData = event.data
+                data.gpuInstanceId = event.gi_id
+                data.computeInstanceId = event.ci_id
+                return data
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _fail(pynvml.NVML_ERROR_TIMEOUT)
+            time.sleep(min(_EVENT_POLL_S, left))
+
+    def nvmlEventSetWait(self, event_set: Any, timeoutms: int) -> Any:
+        return self.nvmlEventSetWait_v2(event_set, timeoutms)
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        number, _events = self._event_set(event_set)
+        del self._event_sets[number]
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, field_ids: list[Any]) -> Any:
+        """Only NVML_FI_DEV_GET_GPU_RECOVERY_ACTION has a value; other fields answer NOT_SUPPORTED each."""
+        state, ref = self._device(handle, "nvmlDeviceGetFieldValues")
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for i, field_id in enumerate(field_ids):
+            fid, scope = field_id if isinstance(field_id, tuple) else (field_id, 0)
+            values[i].fieldId, values[i].scopeId = fid, scope
+            values[i].timestamp = int(time.time() * 1e6)
+            if fid == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                values[i].value.uiVal = state.gpus[ref.gpu_index].recovery_action
+                values[i].nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return values
+
+    # ---- error injection (the `dra-gpu hardware xid|gpu-lost|recover` commands; not NVML functions) ----
+    def inject_xid(
+        self,
+        gpu_index: int,
+        xid: int,
+        gi_id: int = ALL_INSTANCES,
+        ci_id: int = ALL_INSTANCES,
+        recovery_action: int = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
+    ) -> None:
+        """Raise an XID critical-error event on a GPU (or one of its MIG instances) and record the action
+        the driver asks for."""
+        with self.store.transaction() as state:
+            if not 0 <= gpu_index < len(state.gpus):
+                raise ValueError(f"gpu index {gpu_index} does not exist (0..{len(state.gpus) - 1})")
+            gpu = state.gpus[gpu_index]
+            if gi_id != ALL_INSTANCES:
+                gi = self._find_gi(gpu, gi_id)
+                if gi is None:
+                    raise ValueError(f"GPU {gpu_index} has no GPU instance {gi_id} (is MIG enabled?)")
+                if ci_id != ALL_INSTANCES and not any(c.ci_id == ci_id for c in gi.compute_instances):
+                    raise ValueError(
+                        f"GPU instance {gi_id} on GPU {gpu_index} has no compute instance {ci_id}"
+                    )
+            elif ci_id != ALL_INSTANCES:
+                raise ValueError("a compute instance id needs its GPU instance id")
+            raise_event(state, gpu_index, pynvml.nvmlEventTypeXidCriticalError, xid, gi_id, ci_id)
+            gpu.recovery_action = max(gpu.recovery_action, recovery_action)
+
+    def lose_gpu(self, gpu_index: int) -> None:
+        """The GPU falls off the bus: every NVML call on it fails with GPU_IS_LOST until `recover_gpu`."""
+        with self.store.transaction() as state:
+            if not 0 <= gpu_index < len(state.gpus):
+                raise ValueError(f"gpu index {gpu_index} does not exist (0..{len(state.gpus) - 1})")
+            state.faults.append(Fault(gpu_index, "*", pynvml.NVML_ERROR_GPU_IS_LOST))
+
+    def recover_gpu(self, gpu_index: int) -> None:
+        """A successful GPU reset: faults and the pending recovery action cleared, then `reset_gpu`'s effects
+        (pending MIG mode applied, MIG instances gone, default compute mode)."""
+        with self.store.transaction() as state:
+            if not 0 <= gpu_index < len(state.gpus):
+                raise ValueError(f"gpu index {gpu_index} does not exist (0..{len(state.gpus) - 1})")
+            state.faults = [f for f in state.faults if f.gpu_index != gpu_index]
+            gpu = state.gpus[gpu_index]
+            gpu.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+            gpu.mig_current = gpu.mig_pending
+            gpu.gpu_instances = []
+            gpu.compute_mode = 0
+            state.resets += 1
+            if self._after_change is not None:
+                self._after_change(state)

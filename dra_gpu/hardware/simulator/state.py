@@ -58,6 +58,8 @@ class GpuState:
     compute_mode: int = 0
     timeslice: int = 0  # nvidia-smi compute-policy --set-timeslice value (0 = default)
     gpu_instances: list[GpuInstanceState] = field(default_factory=list)
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: what the driver asks for after an error (0 = none); reset clears it
+    recovery_action: int = 0
 
 
 @dataclass
@@ -70,6 +72,21 @@ class Fault:
 
 
 @dataclass
+class SimEvent:
+    """An NVML event waiting to be delivered to the event sets registered for its GPU (`seq` orders them)."""
+
+    seq: int
+    gpu_index: int
+    event_type: int  # nvmlEventType* bit
+    data: int  # the XID for nvmlEventTypeXidCriticalError
+    gi_id: int  # 0xFFFFFFFF: the whole GPU
+    ci_id: int
+
+
+MAX_EVENTS = 256  # older events are dropped; an event set only sees events raised after it registered
+
+
+@dataclass
 class SimState:
     hardware: str
     seed: str
@@ -78,6 +95,8 @@ class SimState:
     resets: int = 0
     mps: dict[str, Any] = field(default_factory=dict)  # owned by the fake nvidia-cuda-mps-control
     faults: list[Fault] = field(default_factory=list)
+    events: list[SimEvent] = field(default_factory=list)
+    event_seq: int = 0  # seq of the last event raised
     format: int = STATE_FORMAT
 
     def layout(self) -> profiles.NodeLayout:
@@ -95,6 +114,7 @@ class SimState:
                 mig_pending=g["mig_pending"],
                 compute_mode=g["compute_mode"],
                 timeslice=g["timeslice"],
+                recovery_action=g.get("recovery_action", 0),
                 gpu_instances=[
                     GpuInstanceState(
                         gi_id=gi["gi_id"],
@@ -116,8 +136,17 @@ class SimState:
             resets=data.get("resets", 0),
             mps=dict(data.get("mps", {})),
             faults=[Fault(**f) for f in data.get("faults", [])],
+            events=[SimEvent(**e) for e in data.get("events", [])],
+            event_seq=data.get("event_seq", 0),
             format=data.get("format", STATE_FORMAT),
         )
+
+
+def raise_event(state: SimState, gpu_index: int, event_type: int, data: int, gi_id: int, ci_id: int) -> None:
+    """Append an event to `state` (inside a transaction), keeping the last MAX_EVENTS."""
+    state.event_seq += 1
+    state.events.append(SimEvent(state.event_seq, gpu_index, event_type, data, gi_id, ci_id))
+    del state.events[:-MAX_EVENTS]
 
 
 def fresh_state(hardware: str, seed: str) -> SimState:

@@ -1,0 +1,141 @@
+"""GPU health -> device taints and health status (pure mapping, NVIDIA's taint table)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dra_gpu.hardware.types import ALL_INSTANCES, GpuProbe, XidEvent
+from dra_gpu.inventory.device_health import (
+    GPU_LOST_TAINT_KEY,
+    UNMONITORED_TAINT_KEY,
+    XID_TAINT_KEY,
+    GpuHealth,
+    HealthPolicy,
+    after_probe,
+    apply_health,
+    device_taints,
+    format_time,
+    health_status,
+    parse_xid_list,
+    record_xid,
+)
+from dra_gpu.inventory.model import Device, DeviceKind, DeviceModel, MigSpec
+
+GPU0, GPU1 = "GPU-0000", "GPU-1111"
+T0 = 1_800_000_000.0
+
+
+def _mig(name: str, kind: DeviceKind, start: int, gi_id: int | None = None) -> Device:
+    return Device(
+        name=name,
+        kind=kind,
+        parent_uuid=GPU0,
+        parent_minor=0,
+        attributes={},
+        capacity={},
+        mig=MigSpec("1g.10gb", 19, start, 1, gi_id=gi_id, ci_id=0 if gi_id is not None else None),
+    )
+
+
+MODEL = DeviceModel(
+    devices=(
+        Device("gpu-0", DeviceKind.GPU, GPU0, 0, {}, {}),
+        _mig("gpu-0-mig-1g10gb-19-0", DeviceKind.MIG_DYNAMIC, 0),
+        _mig("gpu-0-mig-1g10gb-19-1", DeviceKind.MIG_DYNAMIC, 1),
+        _mig("gpu-0-mig-1g10gb-19-4", DeviceKind.MIG_STATIC, 4, gi_id=9),
+        Device("gpu-0-shared", DeviceKind.GPU_SHARE, GPU0, 0, {}, {}),
+        Device("gpu-1", DeviceKind.GPU, GPU1, 1, {}, {}),
+    )
+)
+ON_GPU0 = {d.name for d in MODEL.devices if d.parent_uuid == GPU0}
+
+
+def _xid(
+    xid: int, gi: int = ALL_INSTANCES, ci: int = ALL_INSTANCES, gi_placement: tuple[int, int] | None = None
+) -> XidEvent:
+    return XidEvent(GPU0, xid, gi, ci, gi_placement=gi_placement, time=T0)
+
+
+def test_whole_gpu_xid_taints_every_device_of_that_gpu_only() -> None:
+    health = {GPU0: record_xid(None, _xid(79))}
+    taints = device_taints(MODEL, health, HealthPolicy())
+    assert set(taints) == ON_GPU0
+    for name in ON_GPU0:
+        (taint,) = taints[name]
+        assert (taint.key, taint.value, taint.effect) == (XID_TAINT_KEY, "79", "NoSchedule")
+        assert taint.time_added == format_time(T0) == "2027-01-15T08:00:00Z"
+
+
+@pytest.mark.parametrize("xid", [13, 31, 43, 45, 68, 109])
+def test_ignorable_xids_get_effect_none(xid: int) -> None:
+    taints = device_taints(MODEL, {GPU0: record_xid(None, _xid(xid))}, HealthPolicy())
+    assert {t.effect for ts in taints.values() for t in ts} == {"None"}
+
+
+def test_additional_xids_to_ignore() -> None:
+    policy = HealthPolicy(additional_ignored_xids=parse_xid_list(" 48, 74,"))
+    assert policy.xid_effect(48) == "None" and policy.xid_effect(79) == "NoSchedule"
+    with pytest.raises(ValueError, match=r"additional-xids-to-ignore.*'x'"):
+        parse_xid_list("48,x")
+    with pytest.raises(ValueError, match="'0'"):
+        parse_xid_list("0")
+
+
+def test_mig_xid_maps_by_placement_then_by_instance_ids() -> None:
+    by_placement = device_taints(
+        MODEL, {GPU0: record_xid(None, _xid(94, 3, 0, gi_placement=(1, 1)))}, HealthPolicy()
+    )
+    assert set(by_placement) == {"gpu-0-mig-1g10gb-19-1"}
+    by_ids = device_taints(MODEL, {GPU0: record_xid(None, _xid(94, 9, 0))}, HealthPolicy())
+    assert set(by_ids) == {"gpu-0-mig-1g10gb-19-4"}
+    unknown = device_taints(MODEL, {GPU0: record_xid(None, _xid(94, 2, 0))}, HealthPolicy())
+    assert unknown == {}
+
+
+def test_lost_and_unmonitored_gpus() -> None:
+    health = {GPU0: GpuHealth(GPU0, lost_since=T0), GPU1: GpuHealth(GPU1, unmonitored="registration failed")}
+    taints = device_taints(MODEL, health, HealthPolicy())
+    assert {n for n, ts in taints.items() if ts[0].key == GPU_LOST_TAINT_KEY} == ON_GPU0
+    assert taints["gpu-0"][0].effect == "NoSchedule" and taints["gpu-0"][0].value == ""
+    assert [(t.key, t.effect) for t in taints["gpu-1"]] == [(UNMONITORED_TAINT_KEY, "None")]
+
+
+def test_taints_are_deduplicated_and_ordered_most_severe_first() -> None:
+    health = record_xid(None, _xid(13))
+    health = record_xid(health, XidEvent(GPU0, 13, time=T0 + 50))  # same XID again: first time kept
+    health = record_xid(health, XidEvent(GPU0, 48, time=T0 + 100))
+    assert len(health.xids) == 2 and health.last_xid_time == T0 + 100
+    taints = device_taints(MODEL, {GPU0: health}, HealthPolicy())["gpu-0"]
+    assert [(t.value, t.effect) for t in taints] == [("48", "NoSchedule"), ("13", "None")]
+    assert taints[1].time_added == format_time(T0)
+
+
+def test_recovery_needs_answers_no_reset_and_a_quiet_period() -> None:
+    policy = HealthPolicy(recovery_quiet_s=60)
+    health = record_xid(None, _xid(79))
+    answering = GpuProbe(GPU0, answering=True, reset_required=False)
+    assert after_probe(health, GpuProbe(GPU0, True, reset_required=True), T0 + 600, policy).xids
+    assert after_probe(health, answering, T0 + 30, policy).xids  # too soon after the XID
+    assert after_probe(health, answering, T0 + 60, policy).clean
+    assert after_probe(health, answering, T0 + 10**6, HealthPolicy(recovery_quiet_s=-1)).xids  # never
+
+
+def test_lost_gpu_comes_back_when_nvml_answers() -> None:
+    lost = after_probe(GpuHealth(GPU0), GpuProbe(GPU0, False, True, "GPU is lost"), T0, HealthPolicy())
+    assert lost.lost_since == T0
+    still = after_probe(lost, GpuProbe(GPU0, False, True), T0 + 5, HealthPolicy())
+    assert still.lost_since == T0  # the taint keeps its first time
+    assert after_probe(still, GpuProbe(GPU0, True, False), T0 + 6, HealthPolicy()).clean
+
+
+def test_apply_health_and_health_status() -> None:
+    assert apply_health(MODEL, {}, HealthPolicy()) is MODEL
+    tainted = apply_health(MODEL, {GPU0: record_xid(None, _xid(79))}, HealthPolicy())
+    by_name = tainted.by_name()
+    status = health_status(by_name["gpu-0-shared"])
+    assert not status.healthy and "gpu.nvidia.com/xid=79 (NoSchedule" in status.message
+    assert health_status(by_name["gpu-1"]).healthy and health_status(by_name["gpu-1"]).message == ""
+    ignorable = apply_health(MODEL, {GPU0: record_xid(None, _xid(13))}, HealthPolicy()).by_name()["gpu-0"]
+    assert health_status(ignorable).healthy and "xid=13 (None" in health_status(ignorable).message
+    cleared = apply_health(tainted, {}, HealthPolicy())
+    assert all(not d.taints for d in cleared.devices)
