@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         hardware = open_hardware(args.hardware, args.container_driver_root or host_driver_root)
         inventory = DeviceInventory(hardware)
         # device taints from NVML health events (the view is the inventory's model plus those taints)
-        health_view = start_device_health(args, hardware, inventory.model)
+        health_view = start_device_health(args, hardware, inventory.model, paths.plugin_dir)
     except (HardwareError, SocketSetupError, ValueError) as exc:
         log.error("cannot start", error=str(exc))
         return 1

@@ -203,3 +203,64 @@ def health_status(device: Device) -> DeviceHealthStatus:
         what = f"{taint.key}={taint.value}" if taint.value else taint.key
         parts.append(f"{what} ({taint.effect}, since {taint.time_added})")
     return DeviceHealthStatus(not unhealthy, "; ".join(parts), device.taints)
+
+
+HEALTH_FORMAT = 1
+
+
+def health_to_json(health: Mapping[str, GpuHealth]) -> dict[str, object]:
+    """What survives a plugin restart: XIDs and lost GPUs (registration is tried again at start anyway)."""
+    gpus: dict[str, object] = {}
+    for uuid, gpu in sorted(health.items()):
+        if not gpu.xids and gpu.lost_since is None:
+            continue
+        gpus[uuid] = {
+            "xids": [
+                {
+                    "xid": e.xid,
+                    "gi_id": e.gi_id,
+                    "ci_id": e.ci_id,
+                    "gi_placement": list(e.gi_placement) if e.gi_placement else None,
+                    "time": e.time,
+                }
+                for e in gpu.xids
+            ],
+            "last_xid_time": gpu.last_xid_time,
+            "lost_since": gpu.lost_since,
+        }
+    return {"format": HEALTH_FORMAT, "gpus": gpus}
+
+
+def health_from_json(data: Mapping[str, object]) -> dict[str, GpuHealth]:
+    """The inverse of `health_to_json`; raises ValueError naming what is wrong."""
+    if data.get("format") != HEALTH_FORMAT:
+        raise ValueError(f"health state format {data.get('format')!r}, expected {HEALTH_FORMAT}")
+    gpus = data.get("gpus")
+    if not isinstance(gpus, Mapping):
+        raise ValueError("health state: 'gpus' must be an object")
+    out: dict[str, GpuHealth] = {}
+    try:
+        for uuid, entry in gpus.items():
+            xids = tuple(
+                XidEvent(
+                    gpu_uuid=str(uuid),
+                    xid=int(x["xid"]),
+                    gi_id=int(x["gi_id"]),
+                    ci_id=int(x["ci_id"]),
+                    gi_placement=(int(x["gi_placement"][0]), int(x["gi_placement"][1]))
+                    if x.get("gi_placement")
+                    else None,
+                    time=float(x["time"]),
+                )
+                for x in entry["xids"]
+            )
+            lost = entry.get("lost_since")
+            out[str(uuid)] = GpuHealth(
+                str(uuid),
+                xids=xids,
+                last_xid_time=float(entry.get("last_xid_time", 0.0)),
+                lost_since=None if lost is None else float(lost),
+            )
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        raise ValueError(f"health state: malformed GPU entry ({type(err).__name__}: {err})") from err
+    return out

@@ -5,6 +5,10 @@ records an XID, then probes every GPU (does NVML answer, does the driver still a
 `dra_gpu.inventory.device_health` decide what is lost and what has recovered. Each change bumps `version` and
 calls `on_change` (republish the slices, push a health message).
 
+With a `state_file` (the plugin directory's `device-health.json`) the XIDs and lost GPUs survive a plugin
+restart: taints stay until the GPU has really recovered, not until the plugin restarts. At start the first
+probe round then decides whether a GPU recovered (was reset) while the plugin was down.
+
 `HealthView` joins the inventory's model with the monitor's findings: `model()` is the model with taints (the
 slice controller's and the health stream's source), cached so an unchanged model stays the same object.
 
@@ -17,13 +21,16 @@ Flags (`add_device_health_args`): `--device-health-check` [DEVICE_HEALTH_CHECK] 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import structlog
 
+from dra_gpu.checkpoint.atomic_file import atomic_write
 from dra_gpu.hardware.health_events import GpuLostError, NvmlHealthEvents
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.nvml_hardware import NvmlHardware
@@ -32,6 +39,8 @@ from dra_gpu.inventory.device_health import (
     HealthPolicy,
     after_probe,
     apply_health,
+    health_from_json,
+    health_to_json,
     parse_xid_list,
     record_xid,
 )
@@ -50,8 +59,10 @@ class HealthMonitor:
         *,
         wait_s: float = 5.0,
         on_change: Callable[[], None] | None = None,
+        state_file: Path | None = None,
     ) -> None:
         self._events = events
+        self._state_file = state_file
         self.policy = policy
         self._wait_s = wait_s
         self.on_change = on_change
@@ -68,6 +79,7 @@ class HealthMonitor:
 
     # ---- lifecycle ----
     def start(self) -> None:
+        self._load()
         if self._register(self._events.gpus):
             self._changed()
         self._thread = threading.Thread(target=self._run, name="device-health", daemon=True)
@@ -175,9 +187,37 @@ class HealthMonitor:
                         log.warning("GPU not monitored", gpu=uuid, reason=reason)
         return changed
 
+    def _load(self) -> None:
+        if self._state_file is None or not self._state_file.exists():
+            return
+        try:
+            saved = health_from_json(json.loads(self._state_file.read_text()))
+        except (OSError, ValueError) as err:  # a broken file must not stop health checks: start afresh
+            log.warning(
+                "device health state unreadable, starting afresh", file=str(self._state_file), error=str(err)
+            )
+            return
+        with self._lock:
+            self._health.update({u: h for u, h in saved.items() if u in self._events.gpus})
+            if self._health:
+                self.version += 1
+                log.info("device health restored", gpus=sorted(self._health))
+
+    def _save(self) -> None:
+        if self._state_file is None:
+            return
+        with self._lock:
+            data = json.dumps(health_to_json(self._health), indent=1).encode()
+        try:
+            self._state_file.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+            atomic_write(self._state_file, data, error=OSError, mode=0o644)
+        except OSError as err:
+            log.warning("device health state not saved", file=str(self._state_file), error=str(err))
+
     def _changed(self) -> None:
         with self._lock:
             self.version += 1
+        self._save()
         if self.on_change is not None:
             self.on_change()
 
@@ -245,12 +285,19 @@ def add_device_health_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+HEALTH_STATE_FILE = "device-health.json"
+
+
 def start_device_health(
-    args: argparse.Namespace, hardware: NvmlHardware, base_model: Callable[[], DeviceModel]
+    args: argparse.Namespace,
+    hardware: NvmlHardware,
+    base_model: Callable[[], DeviceModel],
+    state_dir: Path | None = None,
 ) -> HealthView:
     """The health view for the plugin; with `--device-health-check=true` its monitor is running.
 
-    Raises ValueError for a bad flag value. NVML failing to set up events does not stop the plugin: the
+    `state_dir` (the plugin directory) keeps the findings across restarts. Raises ValueError for a bad
+    flag value. NVML failing to set up events does not stop the plugin: the
     view then has no monitor and the reason is logged.
     """
     if args.device_health_poll_seconds <= 0:
@@ -268,6 +315,7 @@ def start_device_health(
     except Exception as err:  # NVML without event support: run without health checks rather than not at all
         log.error("device health check unavailable", error=str(err))
         return HealthView(base_model, None)
-    monitor = HealthMonitor(events, policy, wait_s=args.device_health_poll_seconds)
+    state_file = state_dir / HEALTH_STATE_FILE if state_dir is not None else None
+    monitor = HealthMonitor(events, policy, wait_s=args.device_health_poll_seconds, state_file=state_file)
     monitor.start()
     return HealthView(base_model, monitor)

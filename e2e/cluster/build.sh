@@ -21,6 +21,12 @@ SRC="$CACHE/src"
 STAMPS="$BIN/.stamps"
 ARTIFACTS="$REPO/e2e/_artifacts"
 TIMES_JSON="$ARTIFACTS/build-times.json"
+# The cache outlives clones: keep a copy of the build times beside the binaries so that a fresh clone with a
+# warm cache can still report the cold build figures.
+TIMES_CACHE="$CACHE/k8s/$KUBERNETES_VERSION/build-times.json"
+if [[ ! -f "$TIMES_JSON" && -f "$TIMES_CACHE" ]]; then
+    mkdir -p "$ARTIFACTS" && cp "$TIMES_CACHE" "$TIMES_JSON"
+fi
 LOG_DIR="$CACHE/build-logs"
 
 # Everything comes from the module proxy; never let go fetch another toolchain or touch a workspace.
@@ -60,6 +66,7 @@ with open(tmp, "w") as f:
     f.write("\n")
 os.replace(tmp, path)
 PY
+    mkdir -p "$(dirname "$TIMES_CACHE")" && cp "$TIMES_JSON" "$TIMES_CACHE"
 }
 
 # run_logged COMPONENT CMD...: runs a build command, its output in a log; on failure names both.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from dra_gpu.hardware.types import ALL_INSTANCES, GpuProbe, XidEvent
@@ -15,7 +17,9 @@ from dra_gpu.inventory.device_health import (
     apply_health,
     device_taints,
     format_time,
+    health_from_json,
     health_status,
+    health_to_json,
     parse_xid_list,
     record_xid,
 )
@@ -139,3 +143,18 @@ def test_apply_health_and_health_status() -> None:
     assert health_status(ignorable).healthy and "xid=13 (None" in health_status(ignorable).message
     cleared = apply_health(tainted, {}, HealthPolicy())
     assert all(not d.taints for d in cleared.devices)
+
+
+def test_health_state_round_trips_and_rejects_bad_files() -> None:
+    health = {
+        GPU0: record_xid(None, _xid(94, 3, 0, gi_placement=(1, 1))),
+        GPU1: GpuHealth(GPU1, lost_since=T0, unmonitored="not saved"),
+    }
+    restored = health_from_json(json.loads(json.dumps(health_to_json(health))))
+    assert restored[GPU0] == health[GPU0]
+    assert restored[GPU1] == GpuHealth(GPU1, lost_since=T0)  # registration is retried at start instead
+    assert health_to_json({GPU1: GpuHealth(GPU1, unmonitored="x")})["gpus"] == {}
+    with pytest.raises(ValueError, match="format"):
+        health_from_json({"format": 99, "gpus": {}})
+    with pytest.raises(ValueError, match="malformed GPU entry"):
+        health_from_json({"format": 1, "gpus": {GPU0: {"xids": [{"xid": "x"}]}}})

@@ -171,3 +171,31 @@ def test_health_check_off_publishes_no_taints(
     _sim(node, "xid", "--gpu", "3", "--xid", "79")
     time.sleep(2.0)  # several poll periods of a monitor that would run
     assert _untainted(claims, node)()
+
+
+def test_taints_survive_a_plugin_restart_until_the_gpu_is_reset(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    first = start_plugin(extra_args=FAST)
+    _wait("first publication", _untainted(claims, node), timeout=60)
+    _sim(node, "xid", "--gpu", "1", "--xid", "48")
+    before = _wait("XID 48 taint", _tainted(claims, node, 1, "gpu.nvidia.com/xid", "48"), timeout=10)
+    assert first.stop() == 0
+    assert (node.plugin_dir / "device-health.json").is_file()
+
+    start_plugin(extra_args=FAST)
+    # the new process's own view (its health stream), not the slices the old one left behind
+    kubelet = KubeletClient(node.registration_socket)
+    try:
+        health = _health(kubelet)
+    finally:
+        kubelet.close()
+    assert health["gpu-1"][0] == UNHEALTHY and "xid=48" in health["gpu-1"][1]
+    time.sleep(1.5)  # past the quiet period: the GPU still waits for its reset
+    after = _tainted(claims, node, 1, "gpu.nvidia.com/xid", "48")()
+    assert after is not None and after["gpu-1"] == before["gpu-1"]  # same taint, same timeAdded
+
+    first_reset = time.monotonic()
+    _sim(node, "recover", "--gpu", "1")
+    _wait("taints gone after the reset", _untainted(claims, node), timeout=10)
+    print(f"reset -> taints removed in {time.monotonic() - first_reset:.2f}s")

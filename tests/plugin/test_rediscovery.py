@@ -60,7 +60,10 @@ def model_devices(node: SimNode) -> set[str]:
 def sim_cli(node: SimNode, *args: str) -> None:
     subprocess.run(
         [sys.executable, "-m", "dra_gpu.cli.main", "hardware", *args, "--driver-root", str(node.driver_root)],
-        check=True, capture_output=True, timeout=60, cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+        timeout=60,
+        cwd=REPO_ROOT,
     )
 
 
@@ -104,4 +107,5 @@ def test_failing_gpu_is_withdrawn_and_returns_on_periodic_rediscovery(
     wait_published(claims, node, lambda d: d == before - {"gpu-2", "gpu-2-shared"})
 
     sim_cli(node, "fault", "--clear")
-    assert wait_published(claims, node, lambda d: "gpu-2" in d) == before
+    # the end state again: with the health monitor on, the lost GPU's taints come and go in their own writes
+    wait_published(claims, node, lambda d: d == before)

@@ -29,9 +29,9 @@ def model() -> Iterator[DeviceModel]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _taints(count: int, effect: str = "NoSchedule") -> tuple[DeviceTaint, ...]:
+def _taints(count: int) -> tuple[DeviceTaint, ...]:
     return tuple(
-        DeviceTaint("gpu.nvidia.com/xid", str(40 + i), effect, "2026-11-21T18:00:00Z")  # type: ignore[arg-type]
+        DeviceTaint("gpu.nvidia.com/xid", str(40 + i), "NoSchedule", "2026-11-21T18:00:00Z")
         for i in range(count)
     )
 
