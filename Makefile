@@ -31,9 +31,10 @@ lint: venv
 	$(BIN)/lint-imports
 	$(BIN)/python -m dra_gpu.plugin.protos.generate --check
 
-# The integration tests need a real etcd + kube-apiserver; build.sh builds them once and caches them.
+# The integration tests need a real etcd + kube-apiserver + kube-scheduler, and the chart tests need Helm;
+# build.sh builds them once from the Go module proxy and caches them.
 test: venv
-	e2e/cluster/build.sh control-plane
+	e2e/cluster/build.sh control-plane helm
 	$(MAKE) lint
 	$(BIN)/python -m pytest -q tests
 
@@ -47,7 +48,7 @@ schemas: venv
 	$(BIN)/python -m dra_gpu.config.schemas --write api/schemas
 
 cluster-build:
-	e2e/cluster/build.sh all
+	e2e/cluster/build.sh all helm
 
 cluster-up: venv cluster-build
 	e2e/cluster/up.sh
