@@ -28,7 +28,7 @@ from dra_gpu.cel.syntax import (
     Select,
     Unary,
 )
-from dra_gpu.cel.values import Uint
+from dra_gpu.cel.values import type_name
 
 StaticType = str | None  # None: unknown
 
@@ -421,18 +421,5 @@ def _element_of(t: StaticType) -> StaticType:
 
 
 def _literal_type(value: object) -> StaticType:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, Uint):
-        return "uint"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bytes):
-        return "bytes"
-    return None
+    # A literal holds null, bool, int, uint, double, string or bytes; static types spell null "null".
+    return "null" if value is None else type_name(value)

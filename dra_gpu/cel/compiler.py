@@ -373,18 +373,6 @@ def _conditional(node: Conditional) -> Program:
     return run
 
 
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, Uint):
-        return "uint"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "double"
-    return type_name(value)
-
-
 _TEMPORAL = ("google.protobuf.Timestamp", "google.protobuf.Duration")
 
 
@@ -411,10 +399,10 @@ def _temporal_arith(op: str, a: Any, b: Any) -> Any:
 
 
 def _arith(op: str, a: Any, b: Any) -> Any:
-    kind = _kind(a)
-    if kind in _TEMPORAL or _kind(b) in _TEMPORAL:
+    kind = type_name(a)
+    if kind in _TEMPORAL or type_name(b) in _TEMPORAL:
         return _temporal_arith(op, a, b)
-    if kind != _kind(b):
+    if kind != type_name(b):
         raise no_overload(op, a, b)
     if kind == "int":
         if op == "_+_":

@@ -19,7 +19,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -494,24 +494,12 @@ class PrepareService:
         self._write_spec(ref, [a.device for a in allocations], edits_by_name, mig_ids)
         self.faults.reached("prepare-cdi-written")
 
-        completed = ClaimEntry(
-            uid=entry.uid,
-            namespace=entry.namespace,
-            name=entry.name,
+        completed = replace(
+            entry,
             phase=ClaimPhase.PREPARE_COMPLETED,
             devices=tuple(
-                PreparedDevice(
-                    request=d.request,
-                    pool=d.pool,
-                    device=d.device,
-                    admin_access=d.admin_access,
-                    share_id=d.share_id,
-                    cdi_device_ids=(cdi_device_id(ref.uid, d.device),),
-                )
-                for d in entry.devices
+                replace(d, cdi_device_ids=(cdi_device_id(ref.uid, d.device),)) for d in entry.devices
             ),
-            groups=entry.groups,
-            extra=entry.extra,
         )
         checkpoint.claims[ref.uid] = completed
         self._write(ref, checkpoint)
@@ -757,12 +745,4 @@ def _with_group(entry: ClaimEntry, group: PreparedGroup) -> ClaimEntry:
 def _replace_groups(
     entry: ClaimEntry, groups: Sequence[PreparedGroup], phase: ClaimPhase | None = None
 ) -> ClaimEntry:
-    return ClaimEntry(
-        uid=entry.uid,
-        namespace=entry.namespace,
-        name=entry.name,
-        phase=phase or entry.phase,
-        devices=entry.devices,
-        groups=tuple(groups),
-        extra=entry.extra,
-    )
+    return replace(entry, phase=phase or entry.phase, groups=tuple(groups))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,7 @@ import pytest
 from e2e.lib.driver import HostDriver
 from e2e.lib.kubectl import Kubectl
 from e2e.lib.settings import load_settings
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.support.control_plane import free_port
 
 
 @pytest.mark.apiserver
@@ -37,7 +30,7 @@ def test_plugin_host_process_publishes_slices_and_survives_sigkill(
         driver_root=tmp_path / "driver-root",
         cdi_root=tmp_path / "cdi",
         kubelet_dir=kubelet_dir,
-        plugin_port=_free_port(),
+        plugin_port=free_port(),
         node_name="sim-node-1",
     )
     kubectl = Kubectl(settings.kubeconfig)
@@ -84,8 +77,8 @@ def test_install_then_uninstall_leaves_nothing(kube_apiserver: Any, tmp_path: Pa
         driver_root=tmp_path / "driver-root",
         cdi_root=tmp_path / "cdi",
         kubelet_dir=kubelet_dir,
-        plugin_port=_free_port(),
-        webhook_port=_free_port(),
+        plugin_port=free_port(),
+        webhook_port=free_port(),
         node_name="sim-node-2",
     )
     kubectl = Kubectl(settings.kubeconfig)

@@ -4,7 +4,6 @@ bad opaque config refused at `kubectl apply` with the field named (the same path
 from __future__ import annotations
 
 import dataclasses
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,7 @@ from e2e.lib.kubectl import Kubectl
 from e2e.lib.settings import load_settings
 from e2e.lib.webhook_config import WEBHOOK_CONFIG_NAME
 from e2e.lib.workloads import claim, gpu_config_time_slicing
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.support.control_plane import free_port
 
 
 @pytest.mark.apiserver
@@ -31,7 +24,7 @@ def test_webhook_host_process_rejects_bad_config(kube_apiserver: Any, tmp_path: 
         load_settings({}),
         kubeconfig=Path(kube_apiserver.kubeconfig),
         artifacts=tmp_path,
-        webhook_port=_free_port(),
+        webhook_port=free_port(),
     )
     kubectl = Kubectl(settings.kubeconfig)
     driver = HostDriver(settings, kubectl, node_name="no-node")

@@ -20,6 +20,7 @@ from dra_gpu.hardware.types import DiscoveryResult
 from dra_gpu.inventory import mig_geometry, naming
 from dra_gpu.inventory.device_model import ModelOptions, build_device_model, semver
 from dra_gpu.inventory.model import Device, DeviceKind, DeviceModel
+from tests.support.device_model_checks import fit_together, memory_slices
 
 
 @pytest.fixture
@@ -32,21 +33,6 @@ def root() -> Iterator[Path]:
 def _discover(root: Path, hardware: str) -> tuple[NvmlHardware, DiscoveryResult]:
     hw = open_hardware(hardware, str(root))
     return hw, hw.discover()
-
-
-def _fits(model: DeviceModel, devices: list[Device]) -> bool:
-    """Pure counter arithmetic, as the scheduler does it: can all `devices` be allocated together?"""
-    available = {c.name: dict(c.counters) for c in model.counter_sets}
-    for device in devices:
-        for consumption in device.consumes_counters:
-            for counter, amount in consumption.counters.items():
-                available[consumption.counter_set][counter] -= amount
-    return all(v >= 0 for counters in available.values() for v in counters.values())
-
-
-def _slices_of(device: Device) -> set[int]:
-    assert device.mig is not None
-    return set(range(device.mig.placement_start, device.mig.placement_start + device.mig.placement_size))
 
 
 def test_dgx_h100_devices_and_order(root: Path) -> None:
@@ -122,7 +108,7 @@ def test_share_device(root: Path) -> None:
     assert (compute.request_policy.default, compute.request_policy.valid_range_min) == (10, 5)
     gpu = model.by_name()["gpu-0"]
     assert share.consumes_counters == gpu.consumes_counters  # whole GPU and shares exclude each other
-    assert not _fits(model, [gpu, share])
+    assert not fit_together(model, [gpu, share])
     no_share = build_device_model(discovery, ModelOptions(fractional=False))
     assert [d.name for d in no_share.devices] == ["gpu-0"] and no_share.counter_sets == ()
 
@@ -145,7 +131,7 @@ def test_ampere_in_mig_mode_publishes_no_parent(root: Path) -> None:
     # Made out of band: published with its uuid, the placements it overlaps withheld.
     foreign = [d for d in build_device_model(discovery).devices if d.parent_minor == 0]
     assert [d.name for d in foreign if d.kind == DeviceKind.MIG_STATIC] == ["gpu-0-mig-2g10gb-14-2"]
-    assert all(not (_slices_of(d) & {2, 3}) for d in foreign if d.kind == DeviceKind.MIG_DYNAMIC)
+    assert all(not (memory_slices(d) & {2, 3}) for d in foreign if d.kind == DeviceKind.MIG_DYNAMIC)
     assert dynamic.by_name()["gpu-1"].kind == DeviceKind.GPU  # MIG disabled: whole GPU, no MIG (needs reset)
     assert not any(d.name.startswith("gpu-1-mig-") for d in dynamic.devices)
     static = build_device_model(discovery, ModelOptions(dynamic_mig=False))
@@ -180,8 +166,8 @@ def test_counters_allow_exactly_the_valid_mig_configurations(root: Path, hardwar
     devices = _mig_devices(model, 0)
     gpu = discovery.gpus[0]
     for a, b in itertools.combinations(devices, 2):
-        if _slices_of(a) & _slices_of(b):
-            assert not _fits(model, [a, b]), (a.name, b.name)
+        if memory_slices(a) & memory_slices(b):
+            assert not fit_together(model, [a, b]), (a.name, b.name)
     by_key = {(d.mig.gi_profile_id, d.mig.placement_start): d for d in devices if d.mig}
     valid = {
         frozenset((p.profile.gi_profile_id, p.start) for p in config)
@@ -189,13 +175,13 @@ def test_counters_allow_exactly_the_valid_mig_configurations(root: Path, hardwar
     }
     assert len(valid) > 100
     for config in valid:
-        assert _fits(model, [by_key[k] for k in config]), sorted(config)
+        assert fit_together(model, [by_key[k] for k in config]), sorted(config)
     accepted: set[frozenset[tuple[int, int]]] = set()
 
     def grow(chosen: list[Device], start: int) -> None:
         for i in range(start, len(devices)):
             candidate = [*chosen, devices[i]]
-            if _fits(model, candidate):
+            if fit_together(model, candidate):
                 accepted.add(
                     frozenset((d.mig.gi_profile_id, d.mig.placement_start) for d in candidate if d.mig)
                 )
@@ -205,8 +191,8 @@ def test_counters_allow_exactly_the_valid_mig_configurations(root: Path, hardwar
     assert accepted == valid
     whole = model.by_name().get("gpu-0")
     if gpu.mig_toggle_without_reset:
-        assert whole is not None and _fits(model, [whole])
-        assert not any(_fits(model, [whole, d]) for d in devices)
+        assert whole is not None and fit_together(model, [whole])
+        assert not any(fit_together(model, [whole, d]) for d in devices)
     else:
         assert whole is None
 
@@ -217,7 +203,7 @@ def test_every_mig_device_consumes_its_memory_slices(root: Path) -> None:
     for device in _mig_devices(model, 0):
         consumed: Mapping[str, int] = device.consumes_counters[0].counters
         slices = {int(k.rsplit("-", 1)[1]) for k in consumed if k.startswith("memory-slice-")}
-        assert slices == _slices_of(device)
+        assert slices == memory_slices(device)
 
 
 def test_naming_round_trip() -> None:

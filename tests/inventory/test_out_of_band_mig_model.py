@@ -18,9 +18,10 @@ from dra_gpu.hardware.sim_driver_root import open_simulated_nvml
 from dra_gpu.hardware.types import GpuInfo, MigInstance
 from dra_gpu.inventory import mig_geometry
 from dra_gpu.inventory.device_model import ModelOptions, build_device_model
-from dra_gpu.inventory.model import Device, DeviceKind, DeviceModel
+from dra_gpu.inventory.model import DeviceKind, DeviceModel
 from dra_gpu.slices.slice_builder import build_slices
 from dra_gpu.slices.slice_validation import validate_slices
+from tests.support.device_model_checks import fit_together, memory_slices
 
 PROFILE_2G = 14  # 2g.20gb on H100: placements 0, 2, 4 (two memory slices each)
 PROFILE_3G = 9  # 3g.40gb on H100: placements 0, 4 (four memory slices each)
@@ -40,21 +41,6 @@ def hw(root: Path) -> NvmlHardware:
 
 def _gpu(hw: NvmlHardware) -> GpuInfo:
     return hw.discover().gpus[0]
-
-
-def _slices(device: Device) -> set[int]:
-    assert device.mig is not None
-    return set(range(device.mig.placement_start, device.mig.placement_start + device.mig.placement_size))
-
-
-def _fits(model: DeviceModel, devices: list[Device]) -> bool:
-    """The scheduler's counter arithmetic: can all `devices` be allocated together?"""
-    available = {c.name: dict(c.counters) for c in model.counter_sets}
-    for device in devices:
-        for consumption in device.consumes_counters:
-            for counter, amount in consumption.counters.items():
-                available[consumption.counter_set][counter] -= amount
-    return all(v >= 0 for counters in available.values() for v in counters.values())
 
 
 def _all_placements(gpu: GpuInfo) -> set[tuple[int, int, int]]:
@@ -109,7 +95,7 @@ def test_out_of_band_instance_is_published_and_hides_what_it_overlaps(hw: NvmlHa
         if device.kind is DeviceKind.MIG_DYNAMIC and device.mig is not None:
             other = mig_geometry.Placement(profiles[device.mig.gi_profile_id], device.mig.placement_start)
             valid = mig_geometry.is_valid_configuration((taken, other), gpu.mig_profiles)
-            assert _fits(model, [static, device]) is valid, device.name
+            assert fit_together(model, [static, device]) is valid, device.name
     assert any(instance.uuid in w and "made outside this driver" in w for w in model.warnings)
 
     # The slices stay valid (same attribute set per type apart from the static device's uuid).
@@ -138,9 +124,9 @@ def test_owned_and_out_of_band_instances_on_one_gpu(hw: NvmlHardware) -> None:
     statics = [d for d in model.devices if d.kind is DeviceKind.MIG_STATIC]
     assert [d.attributes["uuid"].value for d in statics] == [theirs.uuid]
     dynamic = [d for d in model.devices if d.kind is DeviceKind.MIG_DYNAMIC]
-    assert all(not _slices(d) & {0, 1} for d in dynamic)
+    assert all(not memory_slices(d) & {0, 1} for d in dynamic)
     assert "gpu-0-mig-3g40gb-9-4" in names  # the claim's device stays: its counters already exclude it
-    assert any(_slices(d) & {4, 5, 6, 7} for d in dynamic)
+    assert any(memory_slices(d) & {4, 5, 6, 7} for d in dynamic)
 
 
 def test_gpu_instance_with_two_compute_instances_is_one_device(hw: NvmlHardware, root: Path) -> None:

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,20 @@ class SimNode:
 
     def timeslices(self) -> dict[str, int]:
         return {g.uuid: g.timeslice for g in self.sim_state().gpus if g.timeslice}
+
+    def hardware_cli(self, *args: str) -> str:
+        """Run `dra-gpu hardware ...` on this node's simulated hardware, as an administrator would; its
+        output."""
+        command = [sys.executable, "-m", "dra_gpu.cli.main", "hardware", *args]
+        done = subprocess.run(
+            [*command, "--driver-root", str(self.driver_root)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO_ROOT,
+        )
+        return done.stdout
 
     def cleanup(self) -> None:
         """Remove the node, including what a failed test left running on it: simulated MPS daemons (started
@@ -333,3 +347,23 @@ class ClaimFactory:
 
     def delete(self, namespace: str, name: str) -> None:
         self.api.delete_namespaced_resource_claim(name, namespace, _preload_content=False)
+
+    def published_devices(self) -> dict[str, dict[str, Any]]:
+        """Device name -> the published device (wire format), over all of the node's ResourceSlices."""
+        response = self.api.list_resource_slice(
+            field_selector=f"spec.nodeName={self.node_name}", _preload_content=False
+        )
+        items = json.loads(response.data)["items"]
+        return {d["name"]: d for s in items for d in s["spec"].get("devices", [])}
+
+    def wait_published(
+        self, until: Callable[[dict[str, dict[str, Any]]], bool], timeout: float = 30.0
+    ) -> dict[str, dict[str, Any]]:
+        """The published devices, once `until` holds for them."""
+        deadline = time.monotonic() + timeout
+        devices = self.published_devices()
+        while not until(devices):
+            assert time.monotonic() < deadline, f"published devices never matched: {sorted(devices)}"
+            time.sleep(0.2)
+            devices = self.published_devices()
+        return devices

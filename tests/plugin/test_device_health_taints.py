@@ -4,9 +4,6 @@ process, real kube-apiserver)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.plugin.kubelet_client import KubeletClient
-from tests.plugin.plugin_harness import REPO_ROOT, ClaimFactory, PluginProcess, SimNode
+from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, SimNode
 
 pytestmark = pytest.mark.apiserver
 
@@ -33,25 +30,8 @@ HEALTHY, UNHEALTHY = 1, 2
 Taints = dict[str, list[dict[str, Any]]]
 
 
-def _sim(node: SimNode, *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "dra_gpu.cli.main", "hardware", *args, "--driver-root", str(node.driver_root)],
-        check=True,
-        capture_output=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )
-
-
-def _taints(claims: ClaimFactory, node: SimNode) -> Taints:
-    response = claims.api.list_resource_slice(
-        field_selector=f"spec.nodeName={node.name}", _preload_content=False
-    )
-    return {
-        d["name"]: d.get("taints", [])
-        for s in json.loads(response.data)["items"]
-        for d in s["spec"].get("devices") or []
-    }
+def _taints(claims: ClaimFactory) -> Taints:
+    return {name: d.get("taints", []) for name, d in claims.published_devices().items()}
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
@@ -70,7 +50,7 @@ def _tainted(
     """Every device of GPU `minor` carries the taint (and no other GPU's device any taint)."""
 
     def check() -> Taints | None:
-        taints = _taints(claims, node)
+        taints = _taints(claims)
         mine = {n: t for n, t in taints.items() if n == f"gpu-{minor}" or n.startswith(f"gpu-{minor}-")}
         others = {n: t for n, t in taints.items() if n not in mine}
         ok = (
@@ -85,7 +65,7 @@ def _tainted(
 
 def _untainted(claims: ClaimFactory, node: SimNode) -> Callable[[], bool]:
     def check() -> bool:
-        taints = _taints(claims, node)
+        taints = _taints(claims)
         return bool(taints) and not any(taints.values())
 
     return check
@@ -113,7 +93,7 @@ def test_xid_79_taints_gpu_and_everything_on_it_until_reset(
     plugin: KubeletClient, node: SimNode, claims: ClaimFactory
 ) -> None:
     started = time.monotonic()
-    _sim(node, "xid", "--gpu", "3", "--xid", "79")
+    node.hardware_cli("xid", "--gpu", "3", "--xid", "79")
     taints = _wait("XID 79 taint on gpu-3", _tainted(claims, node, 3, "gpu.nvidia.com/xid", "79"), timeout=10)
     print(f"XID 79 -> taint published in {time.monotonic() - started:.2f}s")
     assert {"gpu-3", "gpu-3-shared", "gpu-3-mig-1g10gb-19-0", "gpu-3-mig-7g80gb-0-0"} <= set(taints)
@@ -133,7 +113,7 @@ def test_xid_79_taints_gpu_and_everything_on_it_until_reset(
     time.sleep(1.5)  # past the quiet period: the driver still asks for a reset, so the taint stays
     assert _tainted(claims, node, 3, "gpu.nvidia.com/xid", "79")()
 
-    _sim(node, "recover", "--gpu", "3")
+    node.hardware_cli("recover", "--gpu", "3")
     _wait("taints gone after the reset", _untainted(claims, node), timeout=10)
     _wait("HEALTHY again", lambda: all(h == HEALTHY for h, _m in _health(plugin).values()))
 
@@ -141,25 +121,25 @@ def test_xid_79_taints_gpu_and_everything_on_it_until_reset(
 def test_ignorable_xid_13_taints_with_effect_none_only(
     plugin: KubeletClient, node: SimNode, claims: ClaimFactory
 ) -> None:
-    _sim(node, "xid", "--gpu", "2", "--xid", "13")
+    node.hardware_cli("xid", "--gpu", "2", "--xid", "13")
     taints = _wait("XID 13 taint on gpu-2", _tainted(claims, node, 2, "gpu.nvidia.com/xid", "13"), timeout=10)
     assert {t["effect"] for ts in taints.values() for t in ts} == {"None"}
     health = _wait("message for gpu-2", lambda: (h := _health(plugin))["gpu-2"][1] and h)
     assert health["gpu-2"][0] == HEALTHY and "xid=13 (None" in health["gpu-2"][1]
-    _sim(node, "recover", "--gpu", "2")
+    node.hardware_cli("recover", "--gpu", "2")
     _wait("taints gone after the reset", _untainted(claims, node), timeout=10)
 
 
 def test_lost_gpu_is_tainted_and_comes_back(
     plugin: KubeletClient, node: SimNode, claims: ClaimFactory
 ) -> None:
-    _sim(node, "gpu-lost", "--gpu", "5")
+    node.hardware_cli("gpu-lost", "--gpu", "5")
     taints = _wait(
         "gpu-lost taint on gpu-5", _tainted(claims, node, 5, "gpu.nvidia.com/gpu-lost"), timeout=10
     )
     assert {t["effect"] for ts in taints.values() for t in ts} == {"NoSchedule"}
     _wait("UNHEALTHY", lambda: _health(plugin)["gpu-5"][0] == UNHEALTHY)
-    _sim(node, "recover", "--gpu", "5")
+    node.hardware_cli("recover", "--gpu", "5")
     _wait("taints gone once NVML answers", _untainted(claims, node), timeout=10)
 
 
@@ -168,7 +148,7 @@ def test_health_check_off_publishes_no_taints(
 ) -> None:
     start_plugin(extra_args=FAST, env={"DEVICE_HEALTH_CHECK": "false"})
     _wait("first publication", _untainted(claims, node), timeout=60)
-    _sim(node, "xid", "--gpu", "3", "--xid", "79")
+    node.hardware_cli("xid", "--gpu", "3", "--xid", "79")
     time.sleep(2.0)  # several poll periods of a monitor that would run
     assert _untainted(claims, node)()
 
@@ -178,7 +158,7 @@ def test_taints_survive_a_plugin_restart_until_the_gpu_is_reset(
 ) -> None:
     first = start_plugin(extra_args=FAST)
     _wait("first publication", _untainted(claims, node), timeout=60)
-    _sim(node, "xid", "--gpu", "1", "--xid", "48")
+    node.hardware_cli("xid", "--gpu", "1", "--xid", "48")
     before = _wait("XID 48 taint", _tainted(claims, node, 1, "gpu.nvidia.com/xid", "48"), timeout=10)
     assert first.stop() == 0
     assert (node.plugin_dir / "device-health.json").is_file()
@@ -196,6 +176,6 @@ def test_taints_survive_a_plugin_restart_until_the_gpu_is_reset(
     assert after is not None and after["gpu-1"] == before["gpu-1"]  # same taint, same timeAdded
 
     first_reset = time.monotonic()
-    _sim(node, "recover", "--gpu", "1")
+    node.hardware_cli("recover", "--gpu", "1")
     _wait("taints gone after the reset", _untainted(claims, node), timeout=10)
     print(f"reset -> taints removed in {time.monotonic() - first_reset:.2f}s")

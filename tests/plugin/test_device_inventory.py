@@ -4,8 +4,6 @@ discovery that fails keeps the previous model."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -16,7 +14,7 @@ from dra_gpu.hardware.sim_driver_root import state_path
 from dra_gpu.hardware.types import DiscoveryResult, MigInstance
 from dra_gpu.inventory.model import DeviceModel
 from dra_gpu.plugin.device_inventory import DeviceInventory, DiscoveryFailedError, Rediscovery
-from tests.plugin.plugin_harness import REPO_ROOT, SimNode
+from tests.plugin.plugin_harness import SimNode
 
 
 @pytest.fixture
@@ -32,11 +30,7 @@ def names(model: DeviceModel) -> set[str]:
 
 def lose_gpu(node: SimNode, index: int) -> None:
     """Every NVML call for the GPU fails with GPU_IS_LOST, as `dra-gpu hardware fault` sets it up."""
-    argv = ["hardware", "fault", "--driver-root", str(node.driver_root), "-i", str(index)]
-    subprocess.run(
-        [sys.executable, "-m", "dra_gpu.cli.main", *argv],
-        check=True, capture_output=True, timeout=60, cwd=REPO_ROOT,
-    )
+    node.hardware_cli("fault", "-i", str(index))
 
 
 def test_changes_are_handed_on_once(sim: SimNode) -> None:

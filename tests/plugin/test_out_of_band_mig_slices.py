@@ -24,30 +24,6 @@ pytestmark = pytest.mark.apiserver
 PROFILE_2G = 14  # 2g.20gb: two memory slices; placements 0, 2, 4
 
 
-def published(claims: ClaimFactory, node: SimNode) -> dict[str, dict[str, Any]]:
-    """Device name -> the published device (wire format), over all of the node's slices."""
-    response = claims.api.list_resource_slice(
-        field_selector=f"spec.nodeName={node.name}", _preload_content=False
-    )
-    items = json.loads(response.data)["items"]
-    return {d["name"]: d for s in items for d in s["spec"].get("devices", [])}
-
-
-def wait_published(
-    claims: ClaimFactory,
-    node: SimNode,
-    until: Callable[[dict[str, dict[str, Any]]], bool],
-    timeout: float = 30.0,
-) -> dict[str, dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    devices = published(claims, node)
-    while not until(devices):
-        assert time.monotonic() < deadline, f"published devices never matched: {sorted(devices)}"
-        time.sleep(0.2)
-        devices = published(claims, node)
-    return devices
-
-
 def expected(node: SimNode, owned: set[tuple[str, int]] | None = None) -> set[str]:
     """What the plugin should publish for the simulated hardware as it is now."""
     discovery = open_hardware(node.hardware, str(node.driver_root)).discover()
@@ -72,13 +48,13 @@ def test_out_of_band_mig_device_is_published_and_hides_what_it_overlaps(
     start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
 ) -> None:
     plugin = start_plugin(extra_args=["--publish-slices", "true", "--rediscovery-interval", "3600"])
-    before = wait_published(claims, node, lambda d: set(d) == expected(node))
+    before = claims.wait_published(lambda d: set(d) == expected(node))
     assert {"gpu-2", "gpu-2-shared", "gpu-2-mig-1g10gb-19-3", "gpu-2-mig-3g40gb-9-4"} <= set(before)
 
     hardware = open_hardware(node.hardware, str(node.driver_root))
     theirs = hardware.create_mig_device(uuid_of(hardware, 2), PROFILE_2G, 2)  # slices 2-3, an admin's
     plugin.proc.send_signal(signal.SIGHUP)
-    after = wait_published(claims, node, lambda d: "gpu-2" not in d)
+    after = claims.wait_published(lambda d: "gpu-2" not in d)
 
     assert "gpu-2-shared" not in after
     static = after["gpu-2-mig-2g20gb-14-2"]
@@ -113,7 +89,7 @@ def test_out_of_band_mig_device_is_published_and_hides_what_it_overlaps(
     # Once the administrator destroys it, the GPU is whole again.
     hardware.destroy_mig_device(theirs.parent_uuid, theirs.gi_id, theirs.ci_id)
     plugin.proc.send_signal(signal.SIGHUP)
-    assert set(wait_published(claims, node, lambda d: "gpu-2" in d)) == set(before)
+    assert set(claims.wait_published(lambda d: "gpu-2" in d)) == set(before)
 
 
 def test_our_own_mig_devices_never_change_the_slices(
@@ -121,7 +97,7 @@ def test_our_own_mig_devices_never_change_the_slices(
 ) -> None:
     args = ["--publish-slices", "true", "--rediscovery-interval", "0.3"]
     plugin = start_plugin(extra_args=args)
-    before = wait_published(claims, node, lambda d: set(d) == expected(node))
+    before = claims.wait_published(lambda d: set(d) == expected(node))
     kubelet = KubeletClient(node.registration_socket)
     name, uid = claims.make("ours", [Result("m", "gpu-3-mig-3g40gb-9-4")])
     claim = ClaimId(namespace="ours", uid=uid, name=name)
@@ -135,7 +111,7 @@ def test_our_own_mig_devices_never_change_the_slices(
     # Re-discovery runs all the time; a change elsewhere shows it did while our device existed.
     hardware = open_hardware(node.hardware, str(node.driver_root))
     theirs = hardware.create_mig_device(uuid_of(hardware, 5), PROFILE_2G, 0)
-    during = wait_published(claims, node, lambda d: "gpu-5" not in d)
+    during = claims.wait_published(lambda d: "gpu-5" not in d)
     assert of_gpu(during, 3) == of_gpu(before, 3)  # the claim's device and everything it overlaps stay
     assert "gpu-5-mig-2g20gb-14-0" in during
 
@@ -143,10 +119,10 @@ def test_our_own_mig_devices_never_change_the_slices(
     plugin.stop()
     plugin = start_plugin(extra_args=args)
     assert set(node.mig_instances()) == {*ours, (theirs.parent_uuid, theirs.gi_id)}
-    restarted = wait_published(claims, node, lambda d: set(d) == set(during))
+    restarted = claims.wait_published(lambda d: set(d) == set(during))
     assert of_gpu(restarted, 3) == of_gpu(before, 3) and set(restarted) == expected(node, owned=set(ours))
     time.sleep(1.5)  # several re-discoveries later, still the same
-    assert set(published(claims, node)) == set(during)
+    assert set(claims.published_devices()) == set(during)
 
     kubelet = KubeletClient(node.registration_socket)
     try:
@@ -155,7 +131,7 @@ def test_our_own_mig_devices_never_change_the_slices(
         kubelet.close()
     assert set(node.mig_instances()) == {(theirs.parent_uuid, theirs.gi_id)}
     time.sleep(1.5)  # several re-discoveries after the claim's device is gone: nothing changed
-    assert set(published(claims, node)) == set(during)
+    assert set(claims.published_devices()) == set(during)
 
 
 def test_our_leftover_is_destroyed_before_publishing_not_published_as_foreign(
@@ -178,7 +154,7 @@ def test_our_leftover_is_destroyed_before_publishing_not_published_as_foreign(
     start_plugin(extra_args=["--publish-slices", "true", "--rediscovery-interval", "3600"])
     assert node.mig_instances() == []
     full = expected(node)
-    devices = wait_published(claims, node, lambda d: set(d) == full)
+    devices = claims.wait_published(lambda d: set(d) == full)
     assert {"gpu-4", "gpu-4-shared"} <= set(devices) and not any(
         "uuid" in d["attributes"] for n, d in devices.items() if n.startswith("gpu-4-mig-")
     )

@@ -4,10 +4,7 @@ apiserver."""
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,7 +14,7 @@ import pytest
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.loader import open_hardware
 from dra_gpu.inventory.device_model import ModelOptions, build_device_model
-from tests.plugin.plugin_harness import REPO_ROOT, ClaimFactory, PluginProcess, SimNode
+from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, SimNode
 
 pytestmark = pytest.mark.apiserver
 
@@ -31,47 +28,17 @@ def node() -> Iterator[SimNode]:
     sim.cleanup()
 
 
-def published(claims: ClaimFactory, node: SimNode) -> set[str]:
-    response = claims.api.list_resource_slice(
-        field_selector=f"spec.nodeName={node.name}", _preload_content=False
-    )
-    listed = json.loads(response.data)
-    return {d["name"] for s in listed["items"] for d in s["spec"].get("devices", [])}
-
-
-def wait_published(
-    claims: ClaimFactory, node: SimNode, until: Callable[[set[str]], bool], timeout: float = 30.0
-) -> set[str]:
-    deadline = time.monotonic() + timeout
-    devices = published(claims, node)
-    while not until(devices):
-        assert time.monotonic() < deadline, f"published devices never matched: {sorted(devices)}"
-        time.sleep(0.2)
-        devices = published(claims, node)
-    return devices
-
-
 def model_devices(node: SimNode) -> set[str]:
     """What the plugin should publish for the simulated hardware as it is now."""
     discovery = open_hardware(node.hardware, str(node.driver_root)).discover()
     return {d.name for d in build_device_model(discovery, ModelOptions()).devices}
 
 
-def sim_cli(node: SimNode, *args: str) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "dra_gpu.cli.main", "hardware", *args, "--driver-root", str(node.driver_root)],
-        check=True,
-        capture_output=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )
-
-
 def test_mig_set_up_out_of_band_is_published_after_sighup(
     start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
 ) -> None:
     plugin = start_plugin(extra_args=["--publish-slices", "true", "--rediscovery-interval", "3600"])
-    before = wait_published(claims, node, lambda d: d == model_devices(node))
+    before = set(claims.wait_published(lambda d: set(d) == model_devices(node)))
     assert {"gpu-1", "gpu-1-shared"} <= before and not any(d.startswith("gpu-1-mig-") for d in before)
 
     # The administrator enables MIG on GPU 1 (takes effect at the reset) and creates an instance.
@@ -79,14 +46,14 @@ def test_mig_set_up_out_of_band_is_published_after_sighup(
     gpu = next(g for g in hardware.discover().gpus if g.minor == 1)
     with pytest.raises(HardwareError, match="pending until the GPU is reset"):
         hardware.set_mig_mode(gpu.uuid, True)
-    sim_cli(node, "reset", "-i", str(gpu.index))
+    node.hardware_cli("reset", "-i", str(gpu.index))
     profile = gpu.mig_profiles[0]
     hardware.create_mig_device(gpu.uuid, profile.gi_profile_id, profile.placements[0].start)
 
     time.sleep(1.0)  # nothing re-discovers on its own within the hour-long interval
-    assert published(claims, node) == before
+    assert set(claims.published_devices()) == before
     plugin.proc.send_signal(signal.SIGHUP)
-    after = wait_published(claims, node, lambda d: "gpu-1" not in d)
+    after = set(claims.wait_published(lambda d: "gpu-1" not in d))
     assert "gpu-1-shared" not in after
     assert any(d.startswith("gpu-1-mig-") for d in after)
     assert {d for d in after if not d.startswith("gpu-1")} == {d for d in before if not d.startswith("gpu-1")}
@@ -98,14 +65,14 @@ def test_failing_gpu_is_withdrawn_and_returns_on_periodic_rediscovery(
     start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
 ) -> None:
     start_plugin(extra_args=["--publish-slices", "true", "--rediscovery-interval", "0.5"])
-    before = wait_published(claims, node, lambda d: d == model_devices(node))
+    before = set(claims.wait_published(lambda d: set(d) == model_devices(node)))
     assert {"gpu-2", "gpu-2-shared"} <= before
 
-    sim_cli(node, "fault", "-i", "2")  # every NVML call for GPU 2 fails with GPU_IS_LOST
+    node.hardware_cli("fault", "-i", "2")  # every NVML call for GPU 2 fails with GPU_IS_LOST
     # Wait for the end state, not the first list without gpu-2: the slices are rewritten one at a time (a
     # GPU's device slice is renamed when one before it goes), so a list taken meanwhile can miss others.
-    wait_published(claims, node, lambda d: d == before - {"gpu-2", "gpu-2-shared"})
+    claims.wait_published(lambda d: set(d) == before - {"gpu-2", "gpu-2-shared"})
 
-    sim_cli(node, "fault", "--clear")
+    node.hardware_cli("fault", "--clear")
     # the end state again: with the health monitor on, the lost GPU's taints come and go in their own writes
-    wait_published(claims, node, lambda d: d == before)
+    claims.wait_published(lambda d: set(d) == before)

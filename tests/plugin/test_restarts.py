@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +17,6 @@ import pytest
 from dra_gpu.hardware.types import ComputeMode
 from tests.plugin.kubelet_client import ClaimId, KubeletClient, devices_of
 from tests.plugin.plugin_harness import (
-    REPO_ROOT,
     V1B1,
     ClaimFactory,
     PluginProcess,
@@ -49,12 +46,7 @@ def mps(thread_percentage: int = 40, pinned: str = "2Gi") -> dict[str, Any]:
 
 def hardware_state(node: SimNode) -> dict[str, Any]:
     """What `dra-gpu hardware state -o json` reports: the same view an operator gets."""
-    argv = ["hardware", "state", "--driver-root", str(node.driver_root), "-o", "json"]
-    out = subprocess.run(
-        [sys.executable, "-m", "dra_gpu.cli.main", *argv],
-        capture_output=True, text=True, check=True, timeout=60, cwd=REPO_ROOT,
-    )
-    state: dict[str, Any] = json.loads(out.stdout)
+    state: dict[str, Any] = json.loads(node.hardware_cli("state", "-o", "json"))
     return state
 
 
@@ -182,8 +174,7 @@ def test_spec_of_a_device_the_node_lost_is_not_rebuilt_and_the_error_says_why(
     claim = ClaimId("lost", uid, name)
     assert kubelet.prepare([claim]).claims[uid].error == ""
 
-    argv = ["hardware", "fault", "--driver-root", str(node.driver_root), "-i", "2"]
-    subprocess.run([sys.executable, "-m", "dra_gpu.cli.main", *argv], check=True, timeout=60, cwd=REPO_ROOT)
+    node.hardware_cli("fault", "-i", "2")
     plugin.proc.send_signal(signal.SIGHUP)  # re-discover: GPU 2 is gone from the device model
     deadline = time.monotonic() + 20
     while "device inventory changed" not in plugin.log_path.read_text():

@@ -23,6 +23,7 @@ from dra_gpu.slices.slice_builder import build_slices, format_quantity
 from dra_gpu.slices.slice_validation import validate_slices
 
 REPO = Path(__file__).resolve().parents[2]
+
 # NVIDIA's H100-80GB table (nvidia-conventions §12): profile -> (GI profile id, valid starts, memory slices)
 H100_TABLE = {
     "1g.10gb": (19, [0, 1, 2, 3, 4, 5, 6], 1),
@@ -218,98 +219,63 @@ def test_validation_names_each_problem(root: Path, mutate: Any, message: str) ->
     assert any(message in p for p in problems), problems
 
 
+def _run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m module args...` from the repository root, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+
+
 def test_slices_cli(root: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dra_gpu.cli.slices",
-            "--hardware",
-            "dgx-h100",
-            "--node",
-            "n1",
-            "-o",
-            "json",
-            "--kubernetes-version",
-            "1.35",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
+    done = _run_module(
+        "dra_gpu.cli.slices",
+        "--hardware",
+        "dgx-h100",
+        "--node",
+        "n1",
+        "-o",
+        "json",
+        "--kubernetes-version",
+        "1.35",
     )
     assert done.returncode == 0, done.stderr
     items = json.loads(done.stdout)["items"]
     assert len(items) == 9 and items[0]["metadata"]["name"] == "n1-gpu.nvidia.com-0"
-    bad = subprocess.run(
-        [sys.executable, "-m", "dra_gpu.cli.slices", "--hardware", "dgx-b300", "--node", "n1"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    bad = _run_module("dra_gpu.cli.slices", "--hardware", "dgx-b300", "--node", "n1")
     assert bad.returncode == 1 and "dgx-h100" in bad.stderr and "h200-141gb" in bad.stderr
 
 
 def test_slices_cli_publishes_the_healthy_gpus(root: Path) -> None:
     sim = root / "sim"
     open_hardware("dgx-h100", str(sim))
-    fault = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dra_gpu.cli.hardware",
-            "fault",
-            "--driver-root",
-            str(sim),
-            "-i",
-            "2",
-            "--function",
-            "nvmlDeviceGetPciInfo_v3",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
+    fault = _run_module(
+        "dra_gpu.cli.hardware",
+        "fault",
+        "--driver-root",
+        str(sim),
+        "-i",
+        "2",
+        "--function",
+        "nvmlDeviceGetPciInfo_v3",
     )
     assert fault.returncode == 0, fault.stderr
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dra_gpu.cli.slices",
-            "--hardware",
-            "dgx-h100",
-            "--node",
-            "n1",
-            "--nvidia-driver-root",
-            str(sim),
-            "-o",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
+    done = _run_module(
+        "dra_gpu.cli.slices",
+        "--hardware",
+        "dgx-h100",
+        "--node",
+        "n1",
+        "--nvidia-driver-root",
+        str(sim),
+        "-o",
+        "json",
     )
     assert done.returncode == 0, done.stderr
     assert "GPU index 2 not published" in done.stderr and "NVML_ERROR_GPU_IS_LOST" in done.stderr
     names = {d["name"] for s in json.loads(done.stdout)["items"] for d in s["spec"].get("devices", [])}
     assert "gpu-1" in names and "gpu-3" in names and "gpu-2" not in names
-    inventory = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dra_gpu.cli.inventory",
-            "--hardware",
-            "dgx-h100",
-            "--nvidia-driver-root",
-            str(sim),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
+    inventory = _run_module(
+        "dra_gpu.cli.inventory", "--hardware", "dgx-h100", "--nvidia-driver-root", str(sim)
     )
     assert inventory.returncode == 0 and "GPU index 2" in inventory.stdout
     assert "gpu 0 MIG placements (25)" in inventory.stdout
