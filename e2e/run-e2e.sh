@@ -25,7 +25,7 @@ export KUBECONFIG="$DRA_GPU_E2E_KUBECONFIG"
 log() { echo "[e2e] $*" >&2; }
 [[ -x "$PY" ]] || { log "no virtual environment: run 'make venv' first"; exit 2; }
 mkdir -p "$ARTIFACTS"
-rm -f "$REPORT" "$JUNIT" "$ARTIFACTS/scheduler-junit.xml"
+rm -f "$REPORT" "$JUNIT" "$ARTIFACTS/scheduler-junit.xml" "$ARTIFACTS/chart-junit.xml"
 
 started_cluster=0
 started_driver=0
@@ -101,7 +101,7 @@ fi
 # --- 3. tests ---------------------------------------------------------------------------------------
 rc=0
 DRA_GPU_E2E_REQUIRE=1 DRA_GPU_E2E_KEEP_DRIVER=1 "$PY" -m pytest -p no:cacheprovider -o testpaths=e2e \
-    --junitxml="$JUNIT" -v -rA --timeout=900 e2e "$@" || rc=$?
+    --junitxml="$JUNIT" -v -rA --timeout=900 --ignore=e2e/test_chart_install.py e2e "$@" || rc=$?
 
 if compgen -G "tests/allocator/test_*.py" >/dev/null; then
     log "scheduler differential tests (tests/allocator, marker 'scheduler') against the cluster"
@@ -109,7 +109,19 @@ if compgen -G "tests/allocator/test_*.py" >/dev/null; then
         --junitxml="$ARTIFACTS/scheduler-junit.xml" || { r=$?; ((r == 5)) || rc=$r; }  # 5: none collected
 fi
 
+# --- 3b. the chart, opt-in (DRA_GPU_E2E_CHART=1) ---------------------------------------------------------
+# The node serves one gpu.nvidia.com plugin: the host-process driver stops first, then the chart's DaemonSet
+# (image built from this machine by e2e/image/build.sh) is installed, checked and uninstalled.
+if [[ "${DRA_GPU_E2E_CHART:-0}" == 1 ]]; then
+    log "chart install test: stopping the host-process driver first"
+    "$PY" -m e2e.lib.install down || log "driver stop failed (see $ARTIFACTS/plugin.log)"
+    started_driver=0
+    DRA_GPU_E2E_REQUIRE=1 "$PY" -m pytest -p no:cacheprovider -v -rA --timeout=900 \
+        --junitxml="$ARTIFACTS/chart-junit.xml" e2e/test_chart_install.py || rc=$?
+fi
+
 # --- 4. summary -------------------------------------------------------------------------------------
 "$PY" -m e2e.lib.report --report "$REPORT" --junit "$JUNIT" --junit "$ARTIFACTS/scheduler-junit.xml" \
+    --junit "$ARTIFACTS/chart-junit.xml" \
     | tee "$ARTIFACTS/e2e-summary.txt"
 exit "$rc"
