@@ -6,7 +6,6 @@ leaves the pod Pending with a clear event; no leaked claims or devices; slices c
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -15,26 +14,14 @@ import yaml
 
 from e2e.lib.claims import is_allocated, pod_claim_names
 from e2e.lib.cluster_control import restart_local_kubelet
-from e2e.lib.driver import DriverControl, HostDriver
+from e2e.lib.driver import DriverControl, HostDriver, node_slices
 from e2e.lib.example_runner import cluster_has
 from e2e.lib.incluster import InClusterDriver
 from e2e.lib.kubectl import Kubectl
-from e2e.lib.settings import DRIVER_NAME, E2ESettings
+from e2e.lib.settings import E2ESettings
 from e2e.lib.sim_view import mig_instances_by_gpu
 from e2e.lib.waiting import namespace_report, wait_for_pods, wait_until
 from e2e.lib.workloads import claim, claim_template, gpu_config_time_slicing, pod_with_template
-
-
-def _node_slices(kubectl: Kubectl, node: str) -> list[dict[str, Any]]:
-    out = kubectl.run(
-        "get",
-        "resourceslices.resource.k8s.io",
-        "-o",
-        "json",
-        f"--field-selector=spec.nodeName={node},spec.driver={DRIVER_NAME}",
-    ).stdout
-    items: list[dict[str, Any]] = json.loads(out).get("items", [])
-    return items
 
 
 def _device_names(slices: list[dict[str, Any]]) -> set[str]:
@@ -55,7 +42,7 @@ def _apply(kubectl: Kubectl, *docs: dict[str, Any]) -> None:
 def test_slices_republished_after_kubelet_restart_wipes_them(
     kubectl: Kubectl, driver: DriverControl, settings: E2ESettings, namespace: str
 ) -> None:
-    before = _node_slices(kubectl, driver.node_name)
+    before = node_slices(kubectl, driver.node_name)
     assert before, "the driver has published no ResourceSlices to start with"
     devices_before = _device_names(before)
     uids_before = {s["metadata"]["uid"] for s in before}
@@ -65,7 +52,7 @@ def test_slices_republished_after_kubelet_restart_wipes_them(
         restart_local_kubelet()
 
     def republished() -> bool:
-        now = _node_slices(kubectl, driver.node_name)
+        now = node_slices(kubectl, driver.node_name)
         uids = {s["metadata"]["uid"] for s in now}
         # New objects (the kubelet wiped the old ones at start-up) carrying the same devices.
         return bool(now) and not (uids & uids_before) and _device_names(now) == devices_before
@@ -75,7 +62,7 @@ def test_slices_republished_after_kubelet_restart_wipes_them(
         timeout_s=120,
         what="the node's ResourceSlices to be wiped and republished",
         explain=lambda: (
-            f"slices now: {[s['metadata']['name'] for s in _node_slices(kubectl, driver.node_name)]}"
+            f"slices now: {[s['metadata']['name'] for s in node_slices(kubectl, driver.node_name)]}"
             f"\n{driver.log_tail()}"
         ),
     )
@@ -142,7 +129,7 @@ def test_plugin_killed_during_pod_startup_then_pod_comes_up(
     assert is_allocated(claim_obj)
     state = driver.sim_state()
     slices = {
-        d["name"]: d for s in _node_slices(kubectl, driver.node_name) for d in s["spec"].get("devices") or []
+        d["name"]: d for s in node_slices(kubectl, driver.node_name) for d in s["spec"].get("devices") or []
     }
     device = claim_obj["status"]["allocation"]["devices"]["results"][0]["device"]
     uuid = slices[device]["attributes"]["uuid"]["string"]

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,9 @@ import pytest
 import yaml
 
 from e2e.lib.claims import is_allocated, pod_claim_names
-from e2e.lib.driver import DriverControl, HostDriver
+from e2e.lib.driver import DriverControl, HostDriver, node_slice_selector, node_slices
 from e2e.lib.kubectl import Kubectl
-from e2e.lib.settings import DRIVER_NAME, E2ESettings
+from e2e.lib.settings import E2ESettings
 from e2e.lib.waiting import namespace_report, wait_for_pods, wait_until
 from e2e.lib.workloads import claim_template, pod_with_template
 
@@ -29,13 +28,8 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gpu-per-pod" / "gp
 MISSING_CLASS = "gpu.nvidia.com.missing"
 
 
-def _slice_selector(node: str) -> str:
-    return f"--field-selector=spec.nodeName={node},spec.driver={DRIVER_NAME}"
-
-
 def _node_slice_names(kubectl: Kubectl, node: str) -> list[str]:
-    out = kubectl.run("get", "resourceslices.resource.k8s.io", "-o", "json", _slice_selector(node)).stdout
-    return [s["metadata"]["name"] for s in json.loads(out).get("items", [])]
+    return [s["metadata"]["name"] for s in node_slices(kubectl, node)]
 
 
 def _scheduling_failures(kubectl: Kubectl, namespace: str, pod: str) -> list[str] | None:
@@ -105,7 +99,7 @@ def test_no_published_devices_leaves_pod_pending_until_plugin_returns(
     driver.stop_plugin()
     try:
         # The kubelet wipes a gone plugin's slices after a grace period; do it now rather than wait for it.
-        kubectl.run("delete", "resourceslices.resource.k8s.io", _slice_selector(driver.node_name))
+        kubectl.run("delete", "resourceslices.resource.k8s.io", node_slice_selector(driver.node_name))
         wait_until(
             lambda: not _node_slice_names(kubectl, driver.node_name),
             timeout_s=60,

@@ -50,6 +50,18 @@ class DriverControl(Protocol):
     def wait_plugin_ready(self, timeout_s: float = 120) -> None: ...
 
 
+def node_slice_selector(node: str) -> str:
+    """kubectl field selector for our driver's ResourceSlices on one node."""
+    return f"--field-selector=spec.nodeName={node},spec.driver={DRIVER_NAME}"
+
+
+def node_slices(kubectl: Kubectl, node: str) -> list[dict[str, Any]]:
+    """Our driver's ResourceSlices on one node, as the API server has them now."""
+    out = kubectl.run("get", "resourceslices.resource.k8s.io", "-o", "json", node_slice_selector(node)).stdout
+    items: list[dict[str, Any]] = json.loads(out).get("items", [])
+    return items
+
+
 def python_cli() -> list[str]:
     """`dra-gpu` run by this interpreter (the venv's), so the recorded argv matches /proc/<pid>/cmdline."""
     return [sys.executable, "-m", "dra_gpu.cli.main"]
@@ -325,15 +337,7 @@ class HostDriver:
         return entry is not None and is_running(entry)
 
     def slices(self) -> list[dict[str, Any]]:
-        out = self.kubectl.run(
-            "get",
-            "resourceslices.resource.k8s.io",
-            "-o",
-            "json",
-            f"--field-selector=spec.nodeName={self.node_name},spec.driver={DRIVER_NAME}",
-        ).stdout
-        items: list[dict[str, Any]] = json.loads(out).get("items", [])
-        return items
+        return node_slices(self.kubectl, self.node_name)
 
     def wait_slices(self, timeout_s: float = 90) -> list[dict[str, Any]]:
         """The node's pool once complete: every slice of its newest generation is there, with devices."""
