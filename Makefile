@@ -3,10 +3,18 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml uv.lock | sha1sum | cut -c1-12)
 export DRA_GPU_CACHE ?= $(HOME)/.cache/dra-gpu
+# One dependency lock (uv.lock) for the venv, tests, CI and the image: uv, pinned, installed once into the cache.
+UV_VERSION := 0.13.9
+UV := $(DRA_GPU_CACHE)/uv-$(UV_VERSION)/bin/uv
+export UV_CACHE_DIR ?= $(DRA_GPU_CACHE)/uv-cache
+# uv does not read pip's configuration: trust the same CA bundle (a TLS-intercepting proxy's) when one is set.
+ifneq ($(PIP_CERT),)
+export SSL_CERT_FILE ?= $(PIP_CERT)
+endif
 
-PHONY_EXTRA := lock
+PHONY_EXTRA := lock lock-check lock-upgrade
 .PHONY: help venv test unit lint typecheck protos verify-protos e2e e2e-kind bench cluster-up cluster-down \
         cluster-build demo demo-down image helm-lint manifests schemas clean
 
@@ -17,10 +25,16 @@ help:
 	@echo "make bench       benchmarks (figures in bench/_results/)"
 	@echo "make lint        ruff, mypy --strict, import-linter, generated-code checks"
 
-$(STAMP):
+$(UV):
+	$(PY) -m venv $(DRA_GPU_CACHE)/uv-$(UV_VERSION)
+	$(DRA_GPU_CACHE)/uv-$(UV_VERSION)/bin/pip install -q uv==$(UV_VERSION)
+
+# Exactly the versions in uv.lock (--locked fails when pyproject.toml changed without `make lock`); --inexact
+# leaves alone what else is installed in the venv; --compile-bytecode as pip does (imports stay fast even
+# where PYTHONDONTWRITEBYTECODE is set).
+$(STAMP): $(UV)
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync -q --locked --inexact --compile-bytecode --extra dev --python $(BIN)/python
 	@rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)
@@ -33,8 +47,8 @@ lint: venv
 
 # The integration tests need a real etcd + kube-apiserver + kube-scheduler, and the chart tests need Helm;
 # build.sh builds them once from the Go module proxy and caches them.
-test: venv
-	e2e/cluster/build.sh control-plane helm
+test: venv lock-check
+	e2e/cluster/build.sh control-plane helm nvidia-ctk
 	$(MAKE) lint
 	$(BIN)/python -m pytest -q tests
 
@@ -56,8 +70,15 @@ cluster-up: venv cluster-build
 cluster-down:
 	e2e/cluster/down.sh
 
-e2e: venv cluster-build
-	e2e/run-e2e.sh
+# `make e2e` runs the suite once per tested Kubernetes release (KUBERNETES_VERSIONS in versions.env: the oldest
+# supported minor and the newest); each run brings up and tears down its own cluster. Pick one with
+# `make e2e E2E_VERSIONS=1.37` (a minor or a full version). A failing version does not stop the next one.
+E2E_VERSIONS ?= $(shell sed -n 's/^KUBERNETES_VERSIONS=//p' e2e/cluster/versions.env | tr ',' ' ')
+e2e: venv
+	@rc=0; for v in $(E2E_VERSIONS); do \
+	    echo "[e2e] ===== Kubernetes $$v ====="; \
+	    KUBERNETES_VERSION=$$v e2e/cluster/build.sh all helm && KUBERNETES_VERSION=$$v e2e/run-e2e.sh || rc=1; \
+	done; exit $$rc
 
 e2e-kind: venv
 	e2e/kind/run.sh
@@ -74,8 +95,17 @@ bench: venv
 image:
 	manifests/image/build.sh
 
-lock: venv
-	manifests/image/lock.sh
+# `make lock`: update uv.lock after a change to pyproject.toml (other pins stay) and export the image's lock
+# from it; `make lock-upgrade`: re-resolve everything to the newest allowed versions; `make lock-check`: fail
+# when a lock is stale.
+lock: $(UV)
+	UV=$(UV) PY=$(PY) manifests/image/lock.sh
+
+lock-upgrade: $(UV)
+	UV=$(UV) PY=$(PY) manifests/image/lock.sh --upgrade
+
+lock-check: $(UV)
+	UV=$(UV) PY=$(PY) manifests/image/lock.sh --check
 
 helm-lint:
 	e2e/cluster/build.sh helm

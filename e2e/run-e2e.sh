@@ -24,6 +24,15 @@ export KUBECONFIG="$DRA_GPU_E2E_KUBECONFIG"
 
 log() { echo "[e2e] $*" >&2; }
 [[ -x "$PY" ]] || { log "no virtual environment: run 'make venv' first"; exit 2; }
+# The Kubernetes release under test: $KUBERNETES_VERSION (v1.34.12, or a minor such as 1.34), else the default
+# of versions.env. `make e2e` calls this script once per entry of KUBERNETES_VERSIONS.
+# shellcheck source=cluster/versions.env
+REQUESTED_VERSION="${KUBERNETES_VERSION:-}"
+source "$REPO/e2e/cluster/versions.env"
+# shellcheck source=cluster/k8s-version.sh
+source "$REPO/e2e/cluster/k8s-version.sh"
+select_kubernetes_version "$REQUESTED_VERSION" || exit 2
+log "Kubernetes $KUBERNETES_VERSION"
 mkdir -p "$ARTIFACTS"
 rm -f "$REPORT" "$JUNIT" "$ARTIFACTS/scheduler-junit.xml" "$ARTIFACTS/chart-junit.xml"
 
@@ -84,6 +93,11 @@ else
 fi
 if "$PY" "$REPO/e2e/cluster/cluster.py" status >/dev/null 2>&1; then
     log "using the running cluster ($KUBECONFIG)"
+    running="$("$PY" -c 'from kubernetes import client, config; config.load_kube_config(); print(client.VersionApi().get_code().git_version)' 2>/dev/null || true)"
+    if [[ -n "$running" && "$running" != "$KUBERNETES_VERSION" ]]; then
+        log "the running cluster is Kubernetes $running, not $KUBERNETES_VERSION: stop it (e2e/cluster/down.sh) first"
+        exit 2
+    fi
 else
     log "starting the cluster"
     t0=$EPOCHREALTIME
@@ -124,4 +138,8 @@ fi
 "$PY" -m e2e.lib.report --report "$REPORT" --junit "$JUNIT" --junit "$ARTIFACTS/scheduler-junit.xml" \
     --junit "$ARTIFACTS/chart-junit.xml" \
     | tee "$ARTIFACTS/e2e-summary.txt"
+# One copy per version, so that the runs of `make e2e` on several releases keep their own results.
+for f in e2e-summary.txt e2e-report.json e2e-junit.xml; do
+    [[ -f "$ARTIFACTS/$f" ]] && cp "$ARTIFACTS/$f" "$ARTIFACTS/${f%%.*}-$KUBERNETES_VERSION.${f#*.}"
+done
 exit "$rc"

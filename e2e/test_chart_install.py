@@ -5,9 +5,11 @@ next to the host-process driver of the main suite (a node serves one plugin per 
 
     DRA_GPU_E2E_CHART=1 .venv/bin/pytest -q e2e/test_chart_install.py
 
-The image is built from this machine by e2e/image/build_local_image.py (no Docker) and imported into the
-cluster's containerd as registry.local/dra-gpu:dev. The tests run in file order against one release: install,
-pod Ready, registration and slices, webhook, a GPU pod, uninstall and slice clean-up.
+The image is the Dockerfile's (`make image`, e2e/image/real_image.py) when buildah, podman or docker is
+installed, else one assembled from this machine (e2e/image/build_local_image.py); DRA_GPU_E2E_IMAGE=real|local
+picks one. It is imported into the cluster's containerd as registry.local/dra-gpu:dev. The tests run in file
+order against one release: install, pod Ready, registration and slices, webhook, a GPU pod, uninstall and
+slice clean-up.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from e2e.image.build_local_image import DEFAULT_REFERENCE, build, import_into_cluster
+from e2e.image.build_local_image import DEFAULT_REFERENCE, BuildResult, build_for_cluster, import_into_cluster
+from e2e.image.real_image import config_digest
 from e2e.lib.chart import CHART_DIR, find_helm
 from e2e.lib.kubectl import Kubectl, KubectlError
 from e2e.lib.settings import DRIVER_NAME, E2ESettings
@@ -59,6 +63,7 @@ class Release:
     node: str
     installed_at: float
     timings: dict[str, float] = field(default_factory=dict)
+    image: BuildResult | None = None
     uninstalled: bool = False
 
 
@@ -158,10 +163,11 @@ def release(kubectl: Kubectl, settings: E2ESettings, shared_host_paths: None) ->
         # Left by a plugin that stopped without unpublishing (docs/install.md): nobody serves them any more.
         kubectl.run("delete", "resourceslices.resource.k8s.io", f"--field-selector=spec.driver={DRIVER_NAME}")
     t0 = time.monotonic()
-    image = build()
+    image = build_for_cluster()
     import_into_cluster(image)
     timings = {"image_build_s": image.seconds, "image_total_s": time.monotonic() - t0}
-    rel = Release(kubectl, helm, node, time.monotonic(), timings)
+    print(f"\n[chart] image: {image.kind} {image.reference} {image.digest} ({image.archive_bytes >> 20} MiB)")
+    rel = Release(kubectl, helm, node, time.monotonic(), timings, image=image)
     try:
         _helm(
             helm, settings.kubeconfig, "install", RELEASE, str(CHART_DIR),
@@ -202,6 +208,13 @@ def test_plugin_and_webhook_pods_become_ready(release: Release) -> None:
     assert [p["spec"]["nodeName"] for p in pods] == [release.node]
     (container,) = pods[0]["status"]["containerStatuses"]
     assert container["image"].endswith(DEFAULT_REFERENCE.split("/", 1)[1]) and container["restartCount"] == 0
+    # The pod runs the image this test built and imported (the Dockerfile's when a container tool is here).
+    image = release.image
+    assert image is not None
+    image_id = config_digest(image.archive)
+    assert container["imageID"].endswith(image_id), (
+        f"pod runs {container['imageID']}, the test imported the {image.kind} image {image_id}"
+    )
 
     def webhook_ready() -> list[dict[str, Any]] | None:
         pods = _pods(kubectl, WEBHOOK_SELECTOR)
@@ -303,6 +316,221 @@ def test_gpu_pod_runs_with_device_nodes(release: Release, namespace: str) -> Non
     listing = release.kubectl.exec(namespace, "gpu-pod", ["sh", "-c", "ls /dev/nvidia*"])
     nodes = listing.split()
     assert "/dev/nvidiactl" in nodes and any(n.removeprefix("/dev/nvidia").isdigit() for n in nodes), listing
+    if release.image is not None and release.image.kind == "real":
+        _assert_nvidia_hooks_ran(release, namespace)
+
+
+MPS_DAEMON_SELECTOR = "app.kubernetes.io/name=dra-gpu-mps-daemon"
+
+
+def _share_manifest(name: str, namespace: str, compute: str, memory: str) -> list[dict[str, Any]]:
+    """A pod with a fractional share (DeviceClass gpu-share.nvidia.com) that prints its MPS env and mounts."""
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "share", "exactly": {
+                "deviceClassName": "gpu-share.nvidia.com",
+                "capacity": {"requests": {"compute": compute, "memory": memory}},
+            }}]}}},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "resourceClaims": [{"name": "share", "resourceClaimTemplateName": name}],
+                "containers": [{
+                    "name": "ctr", "image": "registry.local/busybox:1", "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "sleep 3600"], "resources": {"claims": [{"name": "share"}]},
+                }],
+            },
+        },
+    ]  # fmt: skip
+
+
+def _running(release: Release, namespace: str, name: str) -> None:
+    def running() -> bool:
+        pod = release.kubectl.get_json("pod", name, namespace=namespace)
+        phase = pod.get("status", {}).get("phase")
+        assert phase not in ("Failed", "Succeeded"), f"{name} ended {phase}: {pod.get('status')}"
+        return bool(phase == "Running")
+
+    wait_until(
+        running, timeout_s=180, what=f"{name} Running",
+        explain=lambda: release.kubectl.describe("pod", name, namespace=namespace)[-3000:],
+    )  # fmt: skip
+
+
+def _workload_view(release: Release, namespace: str, name: str) -> str:
+    """What the workload sees of MPS: its env and its mounts of the pipe and /dev/shm."""
+    return release.kubectl.exec(
+        namespace,
+        name,
+        ["sh", "-c", "env | grep CUDA_MPS | sort; grep -E 'nvidia-mps| /dev/shm ' /proc/mounts"],
+    )
+
+
+def test_mps_daemon_pods_outlive_a_rollout_restart_of_the_plugin(release: Release, namespace: str) -> None:
+    """Two fractional tenants: each claim has its own daemon pod (pinned to the node, not owned by the
+    plugin), its own /dev/shm, and only CUDA_MPS_PIPE_DIRECTORY in its env. A `kubectl rollout restart` of
+    the plugin DaemonSet leaves the daemon pods (same UIDs, no container restart) and the workloads' env and
+    mounts as they were, and a new share prepares afterwards."""
+    kubectl = release.kubectl
+    manifest = _share_manifest("tenant-a", namespace, "30", "10Gi") + _share_manifest(
+        "tenant-b", namespace, "20", "8Gi"
+    )
+    kubectl.apply("\n---\n".join(json.dumps(d) for d in manifest), namespace=namespace)
+    for name in ("tenant-a", "tenant-b"):
+        _running(release, namespace, name)
+
+    def daemons_ready() -> list[dict[str, Any]] | None:
+        pods = _pods(kubectl, MPS_DAEMON_SELECTOR)
+        return pods if len(pods) == 2 and all(_ready(p) for p in pods) else None
+
+    before = wait_until(daemons_ready, timeout_s=120, what="two MPS daemon pods Ready")
+    assert all(p["spec"]["nodeName"] == release.node for p in before)
+    assert all(not p["metadata"].get("ownerReferences") for p in before)
+    views = {n: _workload_view(release, namespace, n) for n in ("tenant-a", "tenant-b")}
+    for view in views.values():
+        assert "CUDA_MPS_PIPE_DIRECTORY=" in view
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in view and "CUDA_MPS_PINNED" not in view
+    # no shared /dev/shm: what one tenant writes there the other does not see
+    kubectl.exec(namespace, "tenant-a", ["sh", "-c", "echo a > /dev/shm/written-by-tenant-a"])
+    assert "written-by-tenant-a" not in kubectl.exec(namespace, "tenant-b", ["ls", "-a", "/dev/shm"])
+
+    kubectl.run("rollout", "restart", "daemonset", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR)
+    kubectl.run("rollout", "status", "daemonset", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR, "--timeout=180s")
+    time.sleep(12)  # more than one reconcile period of the new plugin: it must not have touched the daemons
+    after = _pods(kubectl, MPS_DAEMON_SELECTOR)
+    assert sorted(p["metadata"]["uid"] for p in after) == sorted(p["metadata"]["uid"] for p in before)
+    restarts = [
+        c.get("restartCount", 0) for p in after for c in p.get("status", {}).get("containerStatuses", [])
+    ]
+    assert restarts == [0, 0], restarts
+    for name in ("tenant-a", "tenant-b"):
+        assert kubectl.get_json("pod", name, namespace=namespace)["status"]["phase"] == "Running"
+        assert _workload_view(release, namespace, name) == views[name]
+
+    late = _share_manifest("tenant-c", namespace, "10", "4Gi")
+    kubectl.apply("\n---\n".join(json.dumps(d) for d in late), namespace=namespace)
+    _running(release, namespace, "tenant-c")
+    kubectl.run("delete", "pod", "--all", "-n", namespace, "--wait=true", "--timeout=120s")
+    wait_until(lambda: not _pods(kubectl, MPS_DAEMON_SELECTOR), timeout_s=120, what="MPS daemon pods deleted")
+
+
+def _assert_nvidia_hooks_ran(release: Release, namespace: str) -> None:
+    """The Dockerfile's image carries nvidia-ctk and nvidia-cdi-hook: the plugin copied the hook next to its
+    sockets, the claim's CDI spec names NVIDIA's hooks, and the runtime ran them in the container."""
+    hook = KUBELET_DIR / "plugins" / DRIVER_NAME / "nvidia-cdi-hook"
+    assert hook.is_file() and os.access(hook, os.X_OK), f"{hook} missing: the plugin did not install the hook"
+    specs = sorted(Path("/var/run/cdi").glob("k8s.gpu.nvidia.com-claim_*.json"))
+    assert specs, "no per-claim CDI spec in /var/run/cdi"
+    hooks = json.loads(specs[-1].read_text())["containerEdits"].get("hooks") or []
+    assert {h["path"] for h in hooks} == {str(hook)}, hooks
+    names = [h["args"][1] for h in hooks]
+    assert "update-ldcache" in names and "create-symlinks" in names, names
+    # create-symlinks made the development name of libcuda inside the container.
+    link = release.kubectl.exec(
+        namespace, "gpu-pod", ["sh", "-c", "readlink /usr/lib/x86_64-linux-gnu/libcuda.so"]
+    ).strip()
+    assert link == "libcuda.so.1", f"libcuda.so in the container points to {link!r}"
+
+
+def _plugin_restarts(kubectl: Kubectl) -> dict[str, int]:
+    """pod uid/container -> restartCount of the kubelet-plugin DaemonSet's containers."""
+    return {
+        f"{p['metadata']['uid']}/{c['name']}": int(c.get("restartCount", 0))
+        for p in _pods(kubectl, PLUGIN_SELECTOR)
+        for c in p.get("status", {}).get("containerStatuses") or []
+    }
+
+
+_HARDWARE_CLI = (sys.executable, "-m", "dra_gpu.cli.main", "hardware")
+
+
+def _sim_hardware(*args: str) -> None:
+    """`dra-gpu hardware ...` on the driver root the chart's plugin reads (HostToContainer mount)."""
+    argv = [*_HARDWARE_CLI, *args, "--driver-root", str(SIM_DRIVER_ROOT)]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    assert proc.returncode == 0, f"`{' '.join(argv)}` failed: {proc.stderr.strip()}"
+
+
+BURST_PODS = 16
+SLOW_MIG_CALLS = ("nvmlDeviceCreateGpuInstanceWithPlacement", "nvmlGpuInstanceCreateComputeInstance")
+
+
+def test_prepare_burst_with_slow_mig_creation_does_not_restart_the_plugin(
+    release: Release, namespace: str
+) -> None:
+    """16 pods with a dynamic MIG claim each while every GPU and compute instance creation takes 0.5 s: the
+    kubelet's grpc liveness/readiness probes never queue behind NodePrepareResources, so the plugin container
+    is not restarted (restartCount and pod unchanged) and every pod runs."""
+    kubectl = release.kubectl
+    wait_until(
+        lambda: (pods := _pods(kubectl, PLUGIN_SELECTOR)) and all(_ready(p) for p in pods),
+        timeout_s=180, what="the kubelet-plugin DaemonSet pod Ready",
+        explain=_explain(kubectl, PLUGIN_SELECTOR),
+    )  # fmt: skip
+    before = _plugin_restarts(kubectl)
+    assert before, "no kubelet-plugin container status"
+    one_slice = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+    manifest: list[dict[str, Any]] = [{
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "mig", "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "mig.nvidia.com",
+            "selectors": [{"cel": {"expression": one_slice}}],
+        }}]}}},
+    }]  # fmt: skip
+    names = [f"burst-{i}" for i in range(BURST_PODS)]
+    for name in names:
+        manifest.append({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "mig"}],
+                "containers": [{
+                    "name": "ctr", "image": "registry.local/busybox:1", "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "sleep 3600"], "resources": {"claims": [{"name": "gpu"}]},
+                }],
+            },
+        })  # fmt: skip
+    gpus = len(json.loads(_sim_state_json())["gpus"])
+    try:
+        for index in range(gpus):
+            for function in SLOW_MIG_CALLS:
+                _sim_hardware("fault", "-i", str(index), "--function", function, "--delay-seconds", "0.5")
+        started = time.monotonic()
+        kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": manifest}))
+
+        def all_running() -> bool:
+            pods = json.loads(kubectl.run("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+            phases = {p["metadata"]["name"]: p.get("status", {}).get("phase") for p in pods}
+            return all(phases.get(n) == "Running" for n in names)
+
+        wait_until(
+            all_running, timeout_s=300, what=f"{BURST_PODS} MIG pods Running",
+            explain=lambda: kubectl.run("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+            + _explain(kubectl, PLUGIN_SELECTOR)(),
+        )  # fmt: skip
+        release.timings["mig_burst_s"] = time.monotonic() - started
+    finally:
+        _sim_hardware("fault", "--clear")
+    after = _plugin_restarts(kubectl)
+    assert after == before, f"the plugin restarted during the burst: before {before}, after {after}"
+
+
+def _sim_state_json() -> str:
+    argv = [*_HARDWARE_CLI, "state", "--driver-root", str(SIM_DRIVER_ROOT), "-o", "json"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
 
 
 def test_uninstall_removes_pods_and_slices(release: Release, settings: E2ESettings) -> None:
@@ -325,3 +553,55 @@ def test_uninstall_removes_pods_and_slices(release: Release, settings: E2ESettin
         raise AssertionError(f"listing slices after uninstall failed: {exc}") from exc
     release.timings["uninstall_s"] = time.monotonic() - started
     release.timings["slices_left_by_uninstall"] = float(len(left))
+
+
+NVIDIA_VALUES = Path(__file__).resolve().parents[1] / "tests" / "deploy" / "data" / "nvidia-values.yaml"
+NFD_LABEL = "feature.node.kubernetes.io/pci-10de.present"
+OPERATOR_LABEL = "nvidia.com/gpu.present"
+
+
+def test_nvidia_chart_values_install_and_nfd_affinity(release: Release, settings: E2ESettings) -> None:
+    """A values file written for NVIDIA's chart (its own values.yaml) installs this chart: the plugin runs on
+    a node that has only Node Feature Discovery's NVIDIA PCI label (NVIDIA's affinity) and publishes slices.
+    Overridden: the image (NVIDIA's file names NVIDIA's) and, for the simulator, driver root and hardware."""
+    assert release.uninstalled, "runs after the first release is gone (one plugin per node)"
+    kubectl, node, image = release.kubectl, release.node, release.image
+    assert image is not None
+    kubectl.run("label", "node", node, f"{OPERATOR_LABEL}-", f"{NFD_LABEL}=true", "--overwrite")
+    started = time.monotonic()
+    try:
+        out = _helm(
+            release.helm, settings.kubeconfig, "install", RELEASE, str(CHART_DIR), "-n", NAMESPACE,
+            "--create-namespace", "-f", str(NVIDIA_VALUES),
+            "--set", f"image.repository={image.reference.rsplit(':', 1)[0]}",
+            "--set", f"image.tag={image.reference.rsplit(':', 1)[1]}", "--set", "image.pullPolicy=Never",
+            "--set", f"hardware={HARDWARE}", "--set", "nvidiaDriverRoot=",
+        )  # fmt: skip
+        assert "Ignored values" in out.stdout and "controller" in out.stdout, out.stdout
+
+        def ready() -> list[dict[str, Any]] | None:
+            pods = _pods(kubectl, PLUGIN_SELECTOR)
+            return pods if pods and all(_ready(p) for p in pods) else None
+
+        pods = wait_until(
+            ready, timeout_s=180, what="the plugin pod (NVIDIA's values) Ready",
+            explain=_explain(kubectl, PLUGIN_SELECTOR),
+        )  # fmt: skip
+        assert [p["spec"]["nodeName"] for p in pods] == [node]
+        wait_until(
+            lambda: len(_node_slices(kubectl, node)) >= EXPECTED_SLICES or None, timeout_s=120,
+            what=f"{EXPECTED_SLICES} slices from the plugin installed with NVIDIA's values",
+        )  # fmt: skip
+        release.timings["nvidia_values_ready_s"] = time.monotonic() - started
+    finally:
+        try:
+            _helm(
+                release.helm, settings.kubeconfig, "uninstall", RELEASE, "-n", NAMESPACE, "--wait",
+                "--ignore-not-found",
+            )  # fmt: skip
+        finally:
+            kubectl.run("label", "node", node, f"{NFD_LABEL}-", f"{OPERATOR_LABEL}=true", "--overwrite")
+            kubectl.run(
+                "delete", "resourceslices.resource.k8s.io", f"--field-selector=spec.driver={DRIVER_NAME}",
+                "--ignore-not-found", check=False,
+            )  # fmt: skip

@@ -230,3 +230,32 @@ def _allocation_configs(
         entry = {"source": "FromClaim", **dict(config)}
         configs.append(entry)
     return configs
+
+
+# What MPS does not isolate (NVIDIA's MPS documentation), said wherever a claim would share a GPU through it.
+MPS_ISOLATION_NOTES = (
+    "compute and pinned-memory limits are set on the claim's own MPS control daemon; a tenant's "
+    "container can only lower them",
+    "memory: each Volta+ MPS client has its own GPU address space, but there is no isolation of memory "
+    "bandwidth, caches or of the GPU's memory beyond the pinned-memory limit",
+    "faults: a fatal GPU exception of one client ends every client of the same MPS server (the claim's "
+    "own containers); other claims' servers on the GPU are separate contexts, but a GPU error that needs "
+    "a reset stops every tenant of the GPU",
+    "tenants on one GPU are time-sliced between their MPS servers; use MIG for hardware isolation",
+)
+
+
+def isolation_notes(results: Sequence[AllocatedDevice], configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The MPS isolation caveats when the allocation shares a GPU through MPS (a fractional share, or an
+    MPS sharing config); empty otherwise."""
+    shared = any(r.share_id for r in results)
+    mps = any(_mentions_mps(c) for c in configs)
+    return list(MPS_ISOLATION_NOTES) if shared or mps else []
+
+
+def _mentions_mps(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return value.get("strategy") == "MPS" or any(_mentions_mps(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_mentions_mps(v) for v in value)
+    return False

@@ -28,7 +28,6 @@ from dra_gpu.allocator.model import (
     Rejection,
     quantity_of,
 )
-from dra_gpu.cel.semver import Semver, SemverError
 
 DEFAULT_STEP_LIMIT = 200_000
 
@@ -470,16 +469,25 @@ class NodeAllocator:
     def _constraints_accept(
         self, claim_index: int, request: DeviceRequestSpec, candidate: Candidate
     ) -> str | None:
+        # Kubernetes 1.37 with DRAListTypeAttributes (the experimental allocator): every attribute is a set
+        # of typed values, a scalar a one-element set. matchAttribute keeps the running intersection of the
+        # picked devices' sets and needs it non-empty; distinctAttribute needs the sets pairwise disjoint.
+        # For scalars this is plain equality / inequality, what every release does.
         for position, constraint in self._constraints_for(claim_index, request):
             attribute = constraint.match_attribute or constraint.distinct_attribute or ""
             value = attribute_key(candidate, attribute)
             if value is None:
                 return f"constraint on {attribute}: device does not have the attribute"
             values = self.constraint_values.get((claim_index, position), [])
-            if constraint.match_attribute and values and values[0] != value:
-                return f"matchAttribute {attribute}: {_show(value)} differs from {_show(values[0])}"
-            if constraint.distinct_attribute and value in values:
-                return f"distinctAttribute {attribute}: {_show(value)} is already used"
+            if constraint.match_attribute and values:
+                common = frozenset.intersection(value, *values)
+                if not common:
+                    shared = _show(frozenset.intersection(*values))
+                    return f"matchAttribute {attribute}: {_show(value)} has nothing in common with {shared}"
+            if constraint.distinct_attribute:
+                for used in values:
+                    if value & used:
+                        return f"distinctAttribute {attribute}: {_show(value & used)} is already used"
         return None
 
     def _push_constraints(self, claim_index: int, request: DeviceRequestSpec, candidate: Candidate) -> None:
@@ -494,8 +502,14 @@ class NodeAllocator:
             self.constraint_values[(claim_index, position)].pop()
 
 
-def attribute_key(candidate: Candidate, qualified: str) -> Any:
-    """The comparable value of a fully qualified attribute (typed; versions compare semantically), or None."""
+_LIST_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
+
+
+def attribute_key(candidate: Candidate, qualified: str) -> frozenset[tuple[str, Any]] | None:
+    """The values of a fully qualified attribute as a set of (kind, value) pairs, or None when the device
+    lacks it. A scalar is a one-element set; a list attribute (`ints`, `bools`, `strings`, `versions`) the set
+    of its items, of the item kind, so `int: 1` and `ints: [1, 2]` share the value 1. Versions compare as
+    strings, like the scheduler (semver 2.0.0 strings are minimal, so equal versions are equal strings)."""
     attributes = candidate.data.get("attributes") or {}
     raw = attributes.get(qualified)
     if raw is None:
@@ -504,16 +518,16 @@ def attribute_key(candidate: Candidate, qualified: str) -> Any:
             raw = attributes.get(ident)
     if not isinstance(raw, Mapping):
         return None
-    for kind in ("string", "int", "bool"):
+    for kind in ("string", "int", "bool", "version"):
         if kind in raw:
-            return (kind, raw[kind])
-    if "version" in raw:
-        try:
-            return ("version", Semver.parse(str(raw["version"])))
-        except SemverError:
-            return None
+            return frozenset({(kind, raw[kind])})
+    for field_name, kind in _LIST_KINDS.items():
+        items = raw.get(field_name)
+        if isinstance(items, list) and items:
+            return frozenset((kind, item) for item in items)
     return None
 
 
-def _show(value: Any) -> str:
-    return str(value[1]) if isinstance(value, tuple) and len(value) == 2 else str(value)
+def _show(values: frozenset[tuple[str, Any]]) -> str:
+    shown = sorted(str(value) for _, value in values)
+    return shown[0] if len(shown) == 1 else "[" + ", ".join(shown) + "]"

@@ -1,11 +1,12 @@
 """Find what a GPU container needs from the driver installation (files under the driver root).
 
 Two sources, in this order:
-1. `nvidia-ctk cdi generate` when the NVIDIA Container Toolkit is on PATH: its common `containerEdits`
-   (libraries, hooks, control nodes) are taken as they are; our own per-GPU device nodes replace its
-   per-device entries.
+1. `nvidia-ctk cdi generate` when the NVIDIA Container Toolkit is on PATH (the image has it) and its hook
+   binary is on the node: its common `containerEdits` (libraries, hooks, control nodes) are taken as they are;
+   our own per-GPU device nodes replace its per-device entries.
 2. Otherwise our own discovery: control nodes, the driver's user-space libraries and tools that exist under
-   the driver root, as read-only bind mounts at the path they would have on a host with the driver at `/`.
+   the driver root, as read-only bind mounts at the path they would have on a host with the driver at `/`,
+   plus NVIDIA's hooks (nvidia_hooks.py) when nvidia-cdi-hook is on the node.
 
 Also reads the MIG capability minors from `<driver root>/proc/driver/nvidia/capabilities/...`.
 
@@ -18,13 +19,16 @@ the same.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import structlog
 
+from dra_gpu.cdi.nvidia_hooks import driver_hooks, driver_version_from_library
 from dra_gpu.cdi.spec_builder import READ_ONLY_BIND, CdiHook, DriverEdits, device_node
 from dra_gpu.sharing.interface import CdiDeviceNode, CdiMount
 
@@ -78,24 +82,50 @@ def to_host_path(path: str, container_root: str, host_root: str) -> str:
     return str(Path(host_root) / rest) if rest else str(Path(host_root))
 
 
-def discover_from_driver_root(driver_root: str, host_driver_root: str | None = None) -> DriverEdits:
-    """Our own discovery: files under `driver_root` (as seen here), named by their host path."""
+def _versioned_name(root: Path, path: str) -> str:
+    """The file a soname link (`libcuda.so.1`) under the driver root points to, as a path in the same
+    directory (`.../libcuda.so.570.133.20`); the path itself when it is no link or points elsewhere."""
+    link = root / path.lstrip("/")
+    if not link.is_symlink():
+        return path
+    target = Path(os.readlink(link))
+    if target.is_absolute() or len(target.parts) != 1 or not (link.parent / target).is_file():
+        return path
+    return f"{Path(path).parent}/{target.name}"
+
+
+def discover_from_driver_root(
+    driver_root: str, host_driver_root: str | None = None, *, hook_path: str | None = None
+) -> DriverEdits:
+    """Our own discovery: files under `driver_root` (as seen here), named by their host path. With
+    `hook_path` (nvidia-cdi-hook on the node) libraries are mounted under their versioned names and NVIDIA's
+    hooks are added (nvidia_hooks.py), as `nvidia-ctk cdi generate` does."""
     host = host_driver_root or driver_root
     root = Path(driver_root)
     nodes = tuple(device_node(host, p) for p in CONTROL_NODES if _exists(root, p))
     mounts: list[CdiMount] = []
+    libraries: list[str] = []
     for names, dirs in ((DRIVER_LIBRARIES, LIBRARY_DIRS), (DRIVER_BINARIES, BINARY_DIRS)):
         for name in names:
             for directory in dirs:
                 path = f"{directory}/{name}"
                 if _exists(root, path):
+                    if hook_path and names is DRIVER_LIBRARIES:
+                        path = _versioned_name(root, path)
+                        libraries.append(path)
                     host_path = str(Path(host) / path.lstrip("/"))
                     mounts.append(CdiMount(host_path=host_path, container_path=path, options=READ_ONLY_BIND))
                     break
     missing = [p for p in ("/dev/nvidiactl", "/usr/bin/nvidia-smi") if not _exists(root, p)]
     if missing:
         log.warning("driver root lacks expected files", driver_root=driver_root, missing=missing)
-    return DriverEdits(device_nodes=nodes, mounts=tuple(mounts), source="driver-root")
+    if not hook_path:
+        return DriverEdits(device_nodes=nodes, mounts=tuple(mounts), source="driver-root")
+    version = next(
+        (v for v in (driver_version_from_library(Path(p).name) for p in libraries) if v is not None), None
+    )
+    hooks, env = driver_hooks(hook_path, libraries, version)
+    return DriverEdits(device_nodes=nodes, mounts=tuple(mounts), hooks=hooks, env=env, source="driver-root")
 
 
 def _edits_from_ctk_spec(spec: dict[str, object], container_root: str, host_root: str) -> DriverEdits:
@@ -135,19 +165,40 @@ def _edits_from_ctk_spec(spec: dict[str, object], container_root: str, host_root
     return DriverEdits(device_nodes=nodes, mounts=mounts, hooks=hooks, env=env, source="nvidia-ctk")
 
 
+def _run_ctk(nvidia_ctk: str, driver_root: str, out: Path, extra: list[str]) -> dict[str, Any]:
+    argv = [nvidia_ctk, "cdi", "generate", f"--driver-root={driver_root}", "--format=json", f"--output={out}"]
+    subprocess.run([*argv, *extra], check=True, capture_output=True, timeout=NVIDIA_CTK_TIMEOUT_S)
+    spec: dict[str, Any] = json.loads(out.read_text())
+    return spec
+
+
 def discover_with_nvidia_ctk(
-    nvidia_ctk: str, driver_root: str, host_driver_root: str | None = None
+    nvidia_ctk: str, driver_root: str, host_driver_root: str | None = None, *, hook_path: str | None = None
 ) -> DriverEdits:
+    """nvidia-ctk's common edits. Its default (NVML) mode needs a loadable libnvidia-ml; when that fails
+    (e.g. the simulator's placeholder libraries) its management mode, which finds the driver by its files,
+    gives the same driver-file edits; its device nodes are then cut to the control nodes (the per-GPU ones
+    come from the claim)."""
+    extra = [f"--nvidia-cdi-hook-path={hook_path}"] if hook_path else []
     with tempfile.TemporaryDirectory(prefix="dra-gpu-ctk-") as tmp:
         out = Path(tmp) / "nvidia.json"
-        subprocess.run(
-            [nvidia_ctk, "cdi", "generate", f"--driver-root={driver_root}", "--format=json",
-             f"--output={out}"],
-            check=True,
-            capture_output=True,
-            timeout=NVIDIA_CTK_TIMEOUT_S,
-        )
-        return _edits_from_ctk_spec(json.loads(out.read_text()), driver_root, host_driver_root or driver_root)
+        try:
+            spec = _run_ctk(nvidia_ctk, driver_root, out, extra)
+            control_only = False
+        except subprocess.CalledProcessError as exc:
+            log.info(
+                "nvidia-ctk cdi generate (NVML mode) failed; trying its management mode",
+                error=(exc.stderr or b"").decode(errors="replace").strip().splitlines()[-1:],
+            )
+            spec = _run_ctk(nvidia_ctk, driver_root, out, [*extra, "--mode=management"])
+            control_only = True
+    if control_only:
+        devices = spec.get("devices") or []
+        nodes = [n for d in devices for n in (d.get("containerEdits") or {}).get("deviceNodes") or ()]
+        common = dict(spec.get("containerEdits") or {})
+        common["deviceNodes"] = [n for n in nodes if str(n.get("path")) in CONTROL_NODES]
+        spec = {**spec, "containerEdits": common}
+    return _edits_from_ctk_spec(spec, driver_root, host_driver_root or driver_root)
 
 
 def discover_driver_edits(
@@ -156,16 +207,21 @@ def discover_driver_edits(
     use_ctk: bool = True,
     *,
     host_driver_root: str | None = None,
+    hook_path: str | None = None,
 ) -> DriverEdits:
     """Common edits for every claim's spec; computed once at start-up. `driver_root` is where this process
-    finds the driver; `host_driver_root` (default: the same) is what the specs name."""
+    finds the driver; `host_driver_root` (default: the same) is what the specs name; `hook_path` is
+    nvidia-cdi-hook's path on the node (None: no hooks, see cdi_hook_install.py)."""
     ctk = nvidia_ctk or (shutil.which("nvidia-ctk") if use_ctk else None)
-    if ctk:
+    if ctk and hook_path:
         try:
-            return discover_with_nvidia_ctk(ctk, driver_root, host_driver_root)
-        except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError) as exc:
+            return discover_with_nvidia_ctk(ctk, driver_root, host_driver_root, hook_path=hook_path)
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("nvidia-ctk cdi generate failed; using own driver discovery", error=str(exc))
-    return discover_from_driver_root(driver_root, host_driver_root)
+    elif ctk:
+        # nvidia-ctk's hooks would name a binary the runtime cannot find on the node: own discovery instead.
+        log.info("nvidia-ctk found but no nvidia-cdi-hook on the node: using own driver discovery")
+    return discover_from_driver_root(driver_root, host_driver_root, hook_path=hook_path)
 
 
 def _capability_minor(path: Path) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 
 from dra_gpu.cel.errors import CelCompileError, CelEvalError
 from dra_gpu.cel.library import FUNCTIONS, TYPE_NAMES, Overload, compile_regex
+from dra_gpu.cel.release import NEWEST, CelRelease
 from dra_gpu.cel.syntax import (
     Binary,
     Bind,
@@ -75,9 +76,10 @@ def display(t: StaticType) -> str:
 
 
 class Checker:
-    def __init__(self, expression: str, variables: Mapping[str, str]):
+    def __init__(self, expression: str, variables: Mapping[str, str], release: CelRelease = NEWEST):
         self.expression = expression
         self.variables = dict(variables)
+        self.release = release
         self.body_types: dict[int, StaticType] = {}  # comprehension node id -> type of its body
         self.format_literals: set[int] = set()  # ids of literals inside a format() call
 
@@ -333,8 +335,11 @@ class Checker:
             for arg in node.args:
                 self._exempt_literals(arg)
         args = [self.check(a, scope) for a in node.args]
-        if function is None:
-            raise self.fail(node, f"undeclared reference to '{node.function}' (in container '')")
+        missing = self.release.unavailable(node.function)
+        if function is None or missing:
+            # the scheduler's message; for a function of a newer release, what it needs
+            why = f": {missing} ({self.release.label} is checked)" if missing else ""
+            raise self.fail(node, f"undeclared reference to '{node.function}' (in container ''){why}")
         member = node.target is not None
         types = ([target] if member else []) + args
         candidates = [o for o in function.overloads if o.member == member and len(o.params) == len(types)]

@@ -20,6 +20,7 @@ from dra_gpu.cel.checker import Checker, StaticType
 from dra_gpu.cel.compiler import DEFAULT_COST_LIMIT, Context, Program, compile_node
 from dra_gpu.cel.errors import CelCompileError, CelEvalError
 from dra_gpu.cel.references import Path, device_paths
+from dra_gpu.cel.release import NEWEST, CelRelease
 from dra_gpu.cel.syntax import Node, parse
 from dra_gpu.cel.values import DeviceValue, type_name
 
@@ -60,17 +61,20 @@ class CompiledExpression:
         raise CelEvalError(f"CEL result of type {type_name(value)} could not be converted to bool")
 
 
-def _build(expression: str, variables: Mapping[str, str], selector: bool) -> CompiledExpression:
+def _build(
+    expression: str, variables: Mapping[str, str], selector: bool, release: CelRelease = NEWEST
+) -> CompiledExpression:
     tree = parse(expression)
-    checker = Checker(expression, variables)
+    checker = Checker(expression, variables, release)
     result_type = checker.check_selector(tree) if selector else checker.check(tree, {})
     return CompiledExpression(expression, tree, result_type, compile_node(tree), device_paths(tree))
 
 
 @lru_cache(maxsize=4096)
-def compile_selector(expression: str) -> CompiledExpression:
-    """Compile a device selector; raises CelCompileError with position and reason."""
-    return _build(expression, SELECTOR_VARIABLES, selector=True)
+def compile_selector(expression: str, release: CelRelease = NEWEST) -> CompiledExpression:
+    """Compile a device selector for `release` (default: the newest modeled, MODELED_RELEASE, with
+    DRAListTypeAttributes on); raises CelCompileError with position and reason."""
+    return _build(expression, SELECTOR_VARIABLES, selector=True, release=release)
 
 
 def compile_expression(expression: str, variables: Mapping[str, str] | None = None) -> CompiledExpression:

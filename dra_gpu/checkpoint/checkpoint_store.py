@@ -22,11 +22,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import enum
-import fcntl
 import json
 import os
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import Any
 import structlog
 
 from dra_gpu.checkpoint.atomic_file import atomic_write
+from dra_gpu.file_lock import FileLockTimeoutError, lock_fd, open_lock_file, unlock_and_close
 
 log = structlog.get_logger(__name__)
 
@@ -277,34 +276,24 @@ class CheckpointStore:
             finally:
                 self._depth -= 1
                 if self._depth == 0 and self._lock_fd is not None:
-                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-                    os.close(self._lock_fd)
+                    unlock_and_close(self._lock_fd)
                     self._lock_fd = None
         finally:
             self._thread_lock.release()
 
     def _take_file_lock(self) -> int:
         try:
-            self.directory.mkdir(parents=True, exist_ok=True, mode=0o750)
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = open_lock_file(self.lock_path, dir_mode=0o750, allow_read_only=True)
         except OSError as exc:
-            try:  # a read-only file system still allows locking an existing file (reads keep working)
-                fd = os.open(self.lock_path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                raise CheckpointLockError(f"{self.lock_path}: cannot open ({exc.strerror})") from exc
-        deadline = time.monotonic() + self._lock_timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise CheckpointLockError(
-                        f"{self.lock_path}: held by another plugin instance for more than "
-                        f"{self._lock_timeout_s}s"
-                    ) from None
-                time.sleep(0.002)
+            raise CheckpointLockError(f"{self.lock_path}: cannot open ({exc.strerror})") from exc
+        try:
+            lock_fd(fd, timeout_s=self._lock_timeout_s)
+        except FileLockTimeoutError:
+            os.close(fd)
+            raise CheckpointLockError(
+                f"{self.lock_path}: held by another plugin instance for more than {self._lock_timeout_s}s"
+            ) from None
+        return fd
 
     def read(self) -> Checkpoint:
         try:
@@ -346,4 +335,3 @@ class CheckpointStore:
     def write(self, checkpoint: Checkpoint) -> None:
         data = (json.dumps(checkpoint.to_json(), indent=1, sort_keys=True) + "\n").encode()
         atomic_write(self.path, data, error=CheckpointWriteError)
-

@@ -21,13 +21,23 @@ from typing import Any
 
 from dra_gpu.allocator.builtin_classes import builtin_device_classes
 from dra_gpu.allocator.claims import DeviceClassSpec, claim_from_object, parse_device_class
-from dra_gpu.allocator.explain import ClaimExplanation, RequestExplanation, explain
+from dra_gpu.allocator.explain import ClaimExplanation, RequestExplanation, explain, isolation_notes
 from dra_gpu.allocator.model import ClaimSpec, InputError, Rejection
 from dra_gpu.allocator.pools import Node, SliceIndex
 from dra_gpu.allocator.replicate import replicate_slices
 from dra_gpu.allocator.search import Existing
+from dra_gpu.cel.release import MODELED_RELEASE, OLDEST_SUPPORTED, ReleaseError, parse_minor
+from dra_gpu.config.quantity import format_quantity
 from dra_gpu.lint.manifests import Document, ManifestError, load_documents
 
+# What explain models: the kube-scheduler's allocator and CEL environment of this release, with the alpha
+# DRAListTypeAttributes behaviour (list attributes reach CEL as lists; matchAttribute needs a value common to
+# all devices, distinctAttribute pairwise disjoint values). For scalar attributes that is what every release
+# does, and list attributes only exist in clusters that have the gate on.
+SEMANTICS = (
+    f"kube-scheduler of Kubernetes {MODELED_RELEASE[0]}.{MODELED_RELEASE[1]} "
+    "(list attributes as with DRAListTypeAttributes)"
+)
 EXIT_OK = 0
 EXIT_NOT_ALLOCATABLE = 1
 EXIT_BAD_INPUT = 2
@@ -67,8 +77,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="number of nodes with --hardware (default 1)")
     parser.add_argument(
         "--kubernetes-version",
-        default="1.36",
-        help="slice layout for --hardware (1.34: counters per GPU slice; 1.35+: split)",
+        default=f"{MODELED_RELEASE[0]}.{MODELED_RELEASE[1]}",
+        metavar="MAJOR.MINOR",
+        help=f"slice layout for --hardware (1.34: counters per GPU slice; 1.35+: split), "
+        f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]} to {MODELED_RELEASE[0]}.{MODELED_RELEASE[1]}; the "
+        f"allocation semantics are always those of {MODELED_RELEASE[0]}.{MODELED_RELEASE[1]}",
     )
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every device in the table output")
@@ -99,6 +112,10 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if not args.filename:
         raise UsageError("nothing to explain: give claims, claim templates or pods with -f PATH")
+    try:
+        target = parse_minor(args.kubernetes_version)
+    except ReleaseError as error:
+        raise UsageError(str(error)) from None
     documents = load_documents(args.filename)
     inventory = _load_inventory(args)
     classes, assumed = _device_classes(documents, inventory)
@@ -117,6 +134,12 @@ def _run(args: argparse.Namespace) -> int:
     explanations = explain(groups, classes, index, nodes, existing)
     if assumed:
         notes.insert(0, f"DeviceClasses not given, built-in ones assumed: {', '.join(assumed)}")
+    if target != MODELED_RELEASE:
+        notes.append(
+            f"--kubernetes-version {target[0]}.{target[1]} sets the slice layout only; allocation follows "
+            f"the {SEMANTICS}; check CEL for {target[0]}.{target[1]} with "
+            f"`dra-gpu lint --kubernetes-version {target[0]}.{target[1]}`"
+        )
     if args.output == "json":
         print(json.dumps(_to_json(explanations, inventory, notes, len(nodes)), indent=2))
     else:
@@ -176,11 +199,9 @@ def _hardware_inventory(profile: str, count: int, kubernetes_version: str) -> In
     if count < 1:
         raise UsageError("--nodes must be at least 1")
     try:
-        major, minor = (int(p) for p in kubernetes_version.split(".")[:2])
-    except ValueError:
-        raise UsageError(
-            f"--kubernetes-version {kubernetes_version!r}: expected MAJOR.MINOR such as 1.36"
-        ) from None
+        major, minor = parse_minor(kubernetes_version)
+    except ReleaseError as error:
+        raise UsageError(str(error)) from None
     root = tempfile.mkdtemp(prefix="dra-gpu-explain-", dir="/tmp")
     try:
         hardware = open_hardware(profile, root, seed="explain")
@@ -366,6 +387,7 @@ def _to_json(
     explanations: Sequence[ClaimExplanation], inventory: Inventory, notes: Sequence[str], node_count: int
 ) -> dict[str, Any]:
     return {
+        "kubernetesVersion": f"{MODELED_RELEASE[0]}.{MODELED_RELEASE[1]}",  # whose scheduler is modeled
         "inventory": {
             "source": inventory.description,
             "nodes": node_count,
@@ -380,6 +402,8 @@ def _to_json(
                 "node": e.node,
                 "reason": e.reason,
                 "requests": [_request_json(r) for r in e.requests],
+                # what MPS cannot isolate, for claims that would share a GPU through it (else empty)
+                "isolation": isolation_notes(e.results, e.configs) if e.allocatable else [],
                 "allocation": None
                 if not e.allocatable
                 else {
@@ -434,13 +458,7 @@ def _result_json(result: Any) -> dict[str, Any]:
 
 
 def _quantity_text(value: Any) -> str:
-    if value == value.to_integral_value():
-        number = int(value)
-        for suffix, factor in (("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
-            if number and number % factor == 0:
-                return f"{number // factor}{suffix}"
-        return str(number)
-    return format(value.normalize(), "f")
+    return format_quantity(value, binary_si=True)
 
 
 def _sample(labels: Sequence[str], limit: int = 4) -> str:
@@ -457,7 +475,8 @@ def _to_table(
 ) -> str:
     lines = [
         f"Inventory: {inventory.description}: {node_count} node(s), "
-        f"{sum(len(s.get('spec', {}).get('devices') or ()) for s in inventory.slices)} device(s)"
+        f"{sum(len(s.get('spec', {}).get('devices') or ()) for s in inventory.slices)} device(s)",
+        f"Semantics: {SEMANTICS}",
     ]
     lines += [f"Note: {note}" for note in notes]
     for explanation in explanations:
@@ -481,6 +500,9 @@ def _to_table(
                 )
                 extra = f" (shared; consumes {consumed})"
             lines.append(f"  -> {result.request}: {result.pool}/{result.device}{extra}")
+        if explanation.allocatable:
+            for note in isolation_notes(explanation.results, explanation.configs):
+                lines.append(f"  isolation: {note}")
     return "\n".join(lines)
 
 

@@ -105,7 +105,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--driver-root", "--nvidia-driver-root", dest="driver_root", required=True)
     p.add_argument("-i", "--index", type=int, help="GPU index")
     p.add_argument("--function", default="*", help="NVML function name, '*' for all (default)")
-    p.add_argument("--error", type=int, default=15, help="NVML error code (default 15, GPU_IS_LOST)")
+    p.add_argument(
+        "--error",
+        type=int,
+        default=None,
+        help="NVML error code (default 15, GPU_IS_LOST; 0 with --delay-seconds: slow but successful)",
+    )
+    p.add_argument(
+        "--delay-seconds",
+        type=float,
+        default=0.0,
+        help="the function first takes this long (latency injection, e.g. a slow MIG creation)",
+    )
     p.add_argument("--clear", action="store_true", help="remove every injected fault")
     p.set_defaults(func=_fault)
 
@@ -119,6 +130,11 @@ def register(subparsers: Any) -> None:
         "--no-reset-required",
         action="store_true",
         help="leave the GPU's recovery action at NONE (default: GPU_RESET until 'recover')",
+    )
+    p.add_argument(
+        "--ecc-event",
+        action="store_true",
+        help="send it as a double-bit ECC event (nvmlEventTypeDoubleBitEccError), as NVML reports XID 48",
     )
     p.set_defaults(func=_xid)
 
@@ -228,7 +244,10 @@ def _fault(args: argparse.Namespace) -> int:
             else:
                 if args.index is None or not 0 <= args.index < len(state.gpus):
                     return _fail(f"--index must name a GPU (0..{len(state.gpus) - 1})")
-                state.faults.append(Fault(args.index, args.function, args.error))
+                if args.delay_seconds < 0:
+                    return _fail("--delay-seconds must be >= 0")
+                error = args.error if args.error is not None else (0 if args.delay_seconds > 0 else 15)
+                state.faults.append(Fault(args.index, args.function, error, args.delay_seconds))
     except StateError as err:
         return _fail(str(err))
     return 0
@@ -263,7 +282,8 @@ def _xid(args: argparse.Namespace) -> int:
         if args.no_reset_required
         else pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET
     )
-    return _simulate(args, lambda nvml, index: nvml.inject_xid(index, args.xid, gi, ci, action))
+    kind = pynvml.nvmlEventTypeDoubleBitEccError if args.ecc_event else pynvml.nvmlEventTypeXidCriticalError
+    return _simulate(args, lambda nvml, index: nvml.inject_xid(index, args.xid, gi, ci, action, kind))
 
 
 def _gpu_lost(args: argparse.Namespace) -> int:

@@ -82,6 +82,12 @@ def register(subparsers: Any) -> None:
         "(default: same as --nvidia-driver-root)",
     )
     p.add_argument(
+        "--nvidia-cdi-hook-path",
+        default=_env("NVIDIA_CDI_HOOK_PATH"),
+        help="absolute path of nvidia-cdi-hook on the node, named by the CDI hooks; unset: the image's copy "
+        "is copied into the plugin directory [NVIDIA_CDI_HOOK_PATH]",
+    )
+    p.add_argument(
         "--kubelet-registrar-directory-path",
         default=_env("KUBELET_REGISTRAR_DIRECTORY_PATH", DEFAULT_REGISTRAR_DIR),
         help=f"plugin registry [KUBELET_REGISTRAR_DIRECTORY_PATH] ({DEFAULT_REGISTRAR_DIR})",
@@ -105,7 +111,8 @@ def register(subparsers: Any) -> None:
         "--healthcheck-port",
         type=int,
         default=_env_int("HEALTHCHECK_PORT", -1),
-        help="port for /healthz and /readyz; -1 disables [HEALTHCHECK_PORT] (default: -1)",
+        help="port of the gRPC health service (grpc.health.v1: '' liveness, 'readiness', one name per plugin "
+        "service), answered without waiting for prepare work; -1 disables [HEALTHCHECK_PORT] (default: -1)",
     )
     p.add_argument(
         "--http-endpoint",
@@ -147,7 +154,34 @@ def register(subparsers: Any) -> None:
         help="seconds between hardware re-discoveries (also on SIGHUP); changed devices are republished "
         "[REDISCOVERY_INTERVAL] (default: 60)",
     )
+    p.add_argument(
+        "--mps-reconcile-seconds",
+        type=float,
+        default=_env_float("MPS_RECONCILE_SECONDS", 5.0),
+        help="seconds between checks of every prepared claim's MPS daemon (a dead one is restarted with the "
+        "same limits) [MPS_RECONCILE_SECONDS] (default: 5)",
+    )
+    p.add_argument(
+        "--mps-daemon-mode",
+        default=_env("MPS_DAEMON_MODE", "process"),
+        choices=["process", "pod"],
+        help="how MPS control daemons run: 'process' (detached processes: the plugin runs on the host) or "
+        "'pod' (one pod per daemon on this node in --namespace, so they outlive the plugin's container; the "
+        "chart's choice) [MPS_DAEMON_MODE] (default: process)",
+    )
+    p.add_argument(
+        "--mps-daemon-image",
+        default=_env("MPS_DAEMON_IMAGE"),
+        help="image of the MPS daemon pods (the driver's own image) [MPS_DAEMON_IMAGE] (required with "
+        "--mps-daemon-mode=pod)",
+    )
     add_device_health_args(p)
+    p.add_argument(
+        "--feature-gates",
+        default=_env("FEATURE_GATES", ""),
+        help="driver feature gates, NAME=true|false,...: DRAListTypeAttributes (publish list-typed "
+        "attributes as lists; only where the cluster has the Kubernetes gate of that name) [FEATURE_GATES]",
+    )
     p.add_argument(
         "--log-format",
         default=_env("LOG_FORMAT", "auto"),
@@ -189,10 +223,30 @@ def configure_logging(log_format: str) -> None:
     root.setLevel(logging.INFO)
 
 
-def _make_sharing_manager(hardware: Any, plugin_dir: Path) -> Any:
+def _make_sharing_manager(
+    args: argparse.Namespace,
+    api_client: Any,
+    hardware: Any,
+    plugin_dir: Path,
+    faults: Callable[[str], None],
+) -> Any:
     from dra_gpu.sharing.manager import HardwareSharingManager
+    from dra_gpu.sharing.mps_pods import PodLauncher
 
-    return HardwareSharingManager(hardware, plugin_dir)
+    if args.mps_daemon_mode != "pod":
+        return HardwareSharingManager(hardware, plugin_dir, faults=faults)
+    pods = PodLauncher(
+        api_client,
+        namespace=args.namespace,
+        node_name=args.node_name,
+        image=args.mps_daemon_image,
+        host_driver_root=args.nvidia_driver_root,
+        container_driver_root=hardware.driver_root(),
+    )
+    # a pod takes longer to be ready than a process: scheduling is skipped, but the container still starts
+    return HardwareSharingManager(
+        hardware, plugin_dir, faults=faults, mps_pods=pods, mps_ready_timeout_s=60.0
+    )
 
 
 def _start_slice_publishing(
@@ -201,9 +255,13 @@ def _start_slice_publishing(
     """Start the ResourceSlice controller; returns its stop function and its `update_model`."""
     if args.publish_slices != "true":
         return None
+    from dra_gpu.cli.feature_gates import parse_feature_gates
     from dra_gpu.slices.slice_controller import SliceController
 
-    controller = SliceController(api_client, DRIVER_NAME, args.node_name, model)
+    gates = parse_feature_gates(getattr(args, "feature_gates", ""))
+    controller = SliceController(
+        api_client, DRIVER_NAME, args.node_name, model, list_type_attributes=gates["DRAListTypeAttributes"]
+    )
     controller.start()
     return controller.stop, controller.update_model
 
@@ -213,8 +271,19 @@ def run(args: argparse.Namespace) -> int:
     if not args.node_name:
         print("dra-gpu kubelet-plugin: --node-name (or NODE_NAME) is required", file=sys.stderr)
         return 2
-    os.umask(0o022)  # CDI specs must stay readable by the runtime; our own files set 0600 explicitly
+    from dra_gpu.cli.feature_gates import parse_feature_gates
 
+    try:
+        parse_feature_gates(args.feature_gates)
+    except ValueError as error:
+        print(f"dra-gpu kubelet-plugin: {error}", file=sys.stderr)
+        return 2
+    os.umask(0o022)  # CDI specs must stay readable by the runtime; our own files set 0600 explicitly
+    from dra_gpu.kube.lazy_package import lazy_kubernetes
+
+    lazy_kubernetes()  # before anything imports kubernetes: its kubeconfig auth providers stay unloaded
+
+    from dra_gpu.cdi.cdi_hook_install import install_cdi_hook
     from dra_gpu.cdi.driver_discovery import discover_driver_edits
     from dra_gpu.cdi.spec_writer import CdiSpecWriter
     from dra_gpu.checkpoint.checkpoint_store import CheckpointError, CheckpointStore
@@ -224,10 +293,12 @@ def run(args: argparse.Namespace) -> int:
     from dra_gpu.plugin.claim_reader import KubeClaimReader
     from dra_gpu.plugin.device_inventory import DeviceInventory, DiscoveryFailedError, Rediscovery
     from dra_gpu.plugin.fault_injection import FaultPoints
+    from dra_gpu.plugin.grpc_health import HealthServer, PluginHealth, check_sockets
     from dra_gpu.plugin.health import DeviceHealthService
     from dra_gpu.plugin.health_monitor import start_device_health
-    from dra_gpu.plugin.http_endpoint import HttpEndpoint, probe_sockets
+    from dra_gpu.plugin.http_endpoint import HttpEndpoint
     from dra_gpu.plugin.metrics import PluginMetrics
+    from dra_gpu.plugin.mps_reconciler import MpsReconciler
     from dra_gpu.plugin.prepare_service import PrepareService
     from dra_gpu.plugin.server import PluginServer, SocketPaths, SocketSetupError
 
@@ -240,6 +311,12 @@ def run(args: argparse.Namespace) -> int:
         )
         if args.rediscovery_interval <= 0:
             raise ValueError(f"--rediscovery-interval must be > 0 seconds, got {args.rediscovery_interval:g}")
+        if args.mps_daemon_mode == "pod" and not args.mps_daemon_image:
+            raise ValueError("--mps-daemon-mode=pod needs --mps-daemon-image (env MPS_DAEMON_IMAGE)")
+        if args.mps_reconcile_seconds <= 0:
+            raise ValueError(
+                f"--mps-reconcile-seconds must be > 0 seconds, got {args.mps_reconcile_seconds:g}"
+            )
         host_driver_root = args.nvidia_driver_root
         # Everything this process reads or runs comes from the container's view of the driver root.
         hardware = open_hardware(args.hardware, args.container_driver_root or host_driver_root)
@@ -260,7 +337,13 @@ def run(args: argparse.Namespace) -> int:
     metrics = PluginMetrics()
     api_client = load_api_client(args.kubeconfig or None)
     paths.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-    sharing = _make_sharing_manager(hardware, paths.plugin_dir)
+    try:
+        hook_path = install_cdi_hook(args.nvidia_cdi_hook_path, paths.plugin_dir)
+    except (OSError, ValueError) as exc:
+        log.error("cannot start: nvidia-cdi-hook", error=str(exc))
+        return 1
+    faults = FaultPoints.from_env()
+    sharing = _make_sharing_manager(args, api_client, hardware, paths.plugin_dir, faults.reached)
     service = PrepareService(
         node_name=args.node_name,
         claims=KubeClaimReader(api_client),
@@ -268,11 +351,13 @@ def run(args: argparse.Namespace) -> int:
         cdi=CdiSpecWriter(args.cdi_root),
         sharing=sharing,
         device_model=inventory.model,
-        driver_edits=discover_driver_edits(container_driver_root, host_driver_root=host_driver_root),
+        driver_edits=discover_driver_edits(
+            container_driver_root, host_driver_root=host_driver_root, hook_path=hook_path
+        ),
         driver_root=host_driver_root,
         container_driver_root=container_driver_root,
         metrics=metrics,
-        faults=FaultPoints.from_env(),
+        faults=faults,
     )
     try:
         service.start()
@@ -288,15 +373,23 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start: discovery after start-up cleanup failed", error=str(exc))
         return 1
 
+    # Every prepared claim's MPS daemon is checked continuously; what cannot be fixed taints its GPU.
+    reconciler = MpsReconciler(
+        sharing, service.prepared_group_states, metrics.registry, period_s=args.mps_reconcile_seconds
+    )
+
+    def published_model() -> DeviceModel:
+        return reconciler.with_taints(health_view.model())
+
     health = None
     if args.health_service == "true":
-        health = DeviceHealthService(args.node_name, health_view.model)
+        health = DeviceHealthService(args.node_name, published_model)
     server = PluginServer(paths, DRIVER_NAME, service, metrics, health=health)
-    publishing = _start_slice_publishing(args, api_client, health_view.model)
+    publishing = _start_slice_publishing(args, api_client, published_model)
 
     def republish(model: DeviceModel) -> None:
         if publishing is not None:
-            publishing[1](health_view.with_health(model))
+            publishing[1](reconciler.with_taints(health_view.with_health(model)))
 
     def on_health_change() -> None:
         republish(inventory.model())
@@ -305,6 +398,8 @@ def run(args: argparse.Namespace) -> int:
 
     if health_view.monitor is not None:
         health_view.monitor.on_change = on_health_change
+    reconciler.on_change = on_health_change
+    reconciler.start()
 
     # Prepare and the health stream read `inventory.model` on each call: they follow a refresh by themselves.
     rediscovery = Rediscovery(inventory, republish, args.rediscovery_interval)
@@ -326,11 +421,16 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     server.start()
 
+    # One health table for the gRPC health port and /healthz, /readyz: filled by its own thread, so no probe
+    # ever waits behind prepare work (a burst of prepares or a slow MIG creation must not restart us).
+    plugin_health = PluginHealth(lambda: check_sockets(paths, DRIVER_NAME), lambda: service.started)
+    plugin_health.start()
+
     def healthy() -> str | None:
-        return probe_sockets(paths, DRIVER_NAME)
+        return plugin_health.problem()
 
     def ready() -> str | None:
-        return "start-up cleanup not finished" if not service.started else probe_sockets(paths, DRIVER_NAME)
+        return plugin_health.problem(readiness=True)
 
     endpoints: list[HttpEndpoint] = []
     if args.http_endpoint:
@@ -343,12 +443,11 @@ def run(args: argparse.Namespace) -> int:
                 ready=ready,
             )
         )
+    health_server: HealthServer | None = None
     if args.healthcheck_port >= 0:
-        endpoints.append(
-            HttpEndpoint(
-                f":{args.healthcheck_port}", registry=None, metrics_path="", healthy=healthy, ready=ready
-            )
-        )
+        health_server = HealthServer(plugin_health, args.healthcheck_port)
+        health_server.start()
+        log.info("grpc health endpoint", port=health_server.port)
     for endpoint in endpoints:
         endpoint.start()
         log.info("http endpoint", port=endpoint.port)
@@ -367,10 +466,14 @@ def run(args: argparse.Namespace) -> int:
     stopping.wait()
 
     rediscovery.stop()
+    reconciler.stop()
     health_view.stop()
+    plugin_health.stop()  # NOT_SERVING from here on: a probe during shutdown must not see a healthy plugin
     server.stop()
     for endpoint in endpoints:
         endpoint.stop()
+    if health_server is not None:
+        health_server.stop()
     if publishing is not None:
         publishing[0]()
     log.info("kubelet plugin stopped")

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from dra_gpu.cli.feature_gates import parse_feature_gates
 from dra_gpu.cli.hardware import add_hardware_args, hardware_from_args
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.inventory.device_model import ModelOptions, build_device_model
@@ -40,8 +41,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--kubernetes-version",
         type=kubernetes_version,
-        default=(1, 36),
-        help="target Kubernetes minor version: 1.34 or 1.35+ layout (default 1.36)",
+        default=(1, 37),
+        help="target Kubernetes minor: 1.34 or 1.35+ layout, list attributes from 1.36 (default 1.37)",
+    )
+    parser.add_argument(
+        "--feature-gates",
+        default="",
+        help="driver feature gates as for kubelet-plugin, e.g. DRAListTypeAttributes=true",
     )
     parser.add_argument("--generation", type=int, default=1, help="pool generation (default 1)")
     parser.add_argument("--no-dynamic-mig", dest="dynamic_mig", action="store_false")
@@ -51,6 +57,11 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        lists = parse_feature_gates(args.feature_gates)["DRAListTypeAttributes"]
+    except ValueError as bad_gate:
+        print(f"dra-gpu slices: {bad_gate}", file=sys.stderr)
+        return 2
     try:
         with hardware_from_args(args, default_seed=args.node) as hardware:
             discovery = hardware.discover()
@@ -64,7 +75,14 @@ def run(args: argparse.Namespace) -> int:
         discovery, ModelOptions(dynamic_mig=args.dynamic_mig, fractional=args.fractional)
     )
     try:
-        slices = build_slices(model, args.node, args.kubernetes_version, args.generation, args.node_uid)
+        slices = build_slices(
+            model,
+            args.node,
+            args.kubernetes_version,
+            args.generation,
+            args.node_uid,
+            list_type_attributes=lists,
+        )
     except ValueError as err:
         print(f"dra-gpu slices: {err}", file=sys.stderr)
         return 1

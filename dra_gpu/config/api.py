@@ -149,6 +149,11 @@ class MpsConfig(_StrictModel):
         description="Per-device pinned memory limit, keyed by UUID or by index into the sorted UUIDs; "
         "overrides defaultPinnedDeviceMemoryLimit for that device.",
     )
+    multiUser: bool | None = Field(
+        default=None,
+        description="Start the MPS control daemon in multi-user mode (`-M`): clients running as different "
+        "uids may share it (as in NVIDIA's driver; Volta or newer).",
+    )
 
     @field_validator("defaultPerDevicePinnedMemoryLimit", mode="before")
     @classmethod

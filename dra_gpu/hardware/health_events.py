@@ -18,6 +18,8 @@ from typing import Any
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.types import ALL_INSTANCES, GpuProbe, XidEvent
 
+DBE_XID = 48  # double-bit ECC error
+
 
 class GpuLostError(HardwareError):
     """The event set's wait failed because a registered GPU is lost; `probe` tells which."""
@@ -59,8 +61,8 @@ class NvmlHealthEvents:
         self._event_set = self._nvml.nvmlEventSetCreate()
         self._registered.clear()
         wanted = self._nvml.nvmlEventTypeXidCriticalError
-        # ECC events as NVIDIA's driver registers them; only XIDs are acted on, and a GPU without ECC
-        # reporting is still monitored for XIDs.
+        # ECC events as NVIDIA's driver registers them: double-bit errors taint (as XID 48), single-bit ones
+        # are corrected and skipped; a GPU without ECC reporting is still monitored for XIDs.
         full = wanted | self._nvml.nvmlEventTypeDoubleBitEccError | self._nvml.nvmlEventTypeSingleBitEccError
         for uuid in self.gpus if gpus is None else gpus:
             try:
@@ -78,7 +80,11 @@ class NvmlHealthEvents:
             self._unmonitored.pop(uuid, None)
 
     def wait(self, timeout_s: float) -> XidEvent | None:
-        """The next XID event, or None when `timeout_s` passes without one (other event types are skipped)."""
+        """The next XID event, or None when `timeout_s` passes without one (single-bit ECC is skipped).
+
+        A double-bit ECC event is reported as XID 48 (what the driver logs for it): uncorrectable memory
+        errors are fatal to the work on the GPU, whether the driver sent the XID event, the ECC event, or both
+        (the taint is the same, so both collapse into one)."""
         if self._event_set is None or not self._registered:
             time.sleep(timeout_s)  # nothing to wait on; the caller probes and registers again
             return None
@@ -91,13 +97,17 @@ class NvmlHealthEvents:
             if code == self._nvml.NVML_ERROR_GPU_IS_LOST:
                 raise GpuLostError(f"nvmlEventSetWait_v2: {err}", nvml_code=code) from err
             raise HardwareError(f"nvmlEventSetWait_v2 failed: {err}", nvml_code=code) from err
-        if not data.eventType & self._nvml.nvmlEventTypeXidCriticalError:
+        if data.eventType & self._nvml.nvmlEventTypeXidCriticalError:
+            xid = int(data.eventData)
+        elif data.eventType & self._nvml.nvmlEventTypeDoubleBitEccError:
+            xid = DBE_XID
+        else:
             return None
         uuid = str(self._nvml.nvmlDeviceGetUUID(data.device))
         gi_id, ci_id = int(data.gpuInstanceId), int(data.computeInstanceId)
         return XidEvent(
             gpu_uuid=uuid,
-            xid=int(data.eventData),
+            xid=xid,
             gi_id=gi_id,
             ci_id=ci_id,
             gi_placement=self._placement(data.device, gi_id),
@@ -121,16 +131,17 @@ class NvmlHealthEvents:
             self._nvml.nvmlDeviceGetUUID(handle)
         except self._nvml.NVMLError as err:
             return GpuProbe(uuid, answering=False, reset_required=True, error=str(err))
-        reset = False
+        reset = known = False
         field = getattr(self._nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
         if field is not None:
             try:
                 value = self._nvml.nvmlDeviceGetFieldValues(handle, [field])[0]
                 if value.nvmlReturn == self._nvml.NVML_SUCCESS:
                     reset = int(value.value.uiVal) != self._nvml.NVML_GPU_RECOVERY_ACTION_NONE
+                    known = True
             except self._nvml.NVMLError:
-                pass  # older drivers do not know the field: recovery then rests on the quiet period alone
-        return GpuProbe(uuid, answering=True, reset_required=reset)
+                pass  # older drivers do not know the field: a taint then waits for a reset to be seen
+        return GpuProbe(uuid, answering=True, reset_required=reset, recovery_known=known)
 
     def _free(self) -> None:
         if self._event_set is not None:

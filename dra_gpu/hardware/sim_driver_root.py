@@ -3,8 +3,8 @@
 Layout (what the plugin, CDI discovery and the sharing code look for under a real driver root):
 - `usr/bin/nvidia-smi`, `usr/bin/nvidia-cuda-mps-control`: shell shims running `python -m
   dra_gpu.hardware.sim_tools.<tool>` with `DRA_GPU_SIM_ROOT` set to this root.
-- `usr/lib/x86_64-linux-gnu/`: placeholder driver libraries (`libnvidia-ml.so.<version>` + `.so.1` links,
-  ...).
+- `usr/lib/x86_64-linux-gnu/`: placeholder driver libraries (`libnvidia-ml.so.<version>` + soname links
+  `.so.1`, `libnvidia-nvvm.so.4`, ...).
 - `dev/nvidia<minor>`, `dev/nvidiactl`, `dev/nvidia-uvm`, `dev/nvidia-uvm-tools`,
   `dev/nvidia-caps/nvidia-cap<N>`:
   character devices with /dev/null's numbers (1, 3), so a container given them opens something harmless;
@@ -33,12 +33,14 @@ from dra_gpu.hardware.simulator.state import SimState, StateStore
 STATE_RELATIVE_PATH = "var/lib/nvml-sim/state.json"
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
 TOOLS = {"nvidia-smi": "nvidia_smi", "nvidia-cuda-mps-control": "mps_control"}
+# Library name and the soname suffix of the real driver's file (libnvidia-nvvm is at .so.4), so that our
+# discovery (by soname) and nvidia-ctk's (by versioned file) find the same files here.
 _LIBRARIES = (
-    "libnvidia-ml.so",
-    "libcuda.so",
-    "libnvidia-ptxjitcompiler.so",
-    "libnvidia-nvvm.so",
-    "libcudadebugger.so",
+    ("libnvidia-ml.so", "1"),
+    ("libcuda.so", "1"),
+    ("libnvidia-ptxjitcompiler.so", "1"),
+    ("libnvidia-nvvm.so", "4"),
+    ("libcudadebugger.so", "1"),
 )
 _NULL_MAJOR, _NULL_MINOR = 1, 3
 CAP_ACCESS_MODE = 292  # 0444, as the driver reports it
@@ -98,10 +100,10 @@ def _write_shim(root: Path, tool: str, module: str) -> None:
 def _write_libraries(root: Path, driver_version: str) -> None:
     lib_dir = root / LIB_DIR
     lib_dir.mkdir(parents=True, exist_ok=True)
-    for name in _LIBRARIES:
+    for name, soname in _LIBRARIES:
         real = lib_dir / f"{name}.{driver_version}"
         _write_if_changed(real, f"placeholder for {name} {driver_version} (simulated driver root)\n")
-        link = lib_dir / f"{name}.1"
+        link = lib_dir / f"{name}.{soname}"
         if not link.is_symlink():
             link.unlink(missing_ok=True)
             link.symlink_to(real.name)

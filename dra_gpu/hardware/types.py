@@ -145,3 +145,6 @@ class GpuProbe:
     answering: bool  # False: NVML calls on it fail (GPU_IS_LOST and the like)
     reset_required: bool  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION is not NONE (unknown counts as not required)
     error: str | None = None
+    # The driver answered NVML_FI_DEV_GET_GPU_RECOVERY_ACTION. Without it (older drivers) `reset_required`
+    # False proves nothing, and an XID taint waits for a reset to be seen instead.
+    recovery_known: bool = False

@@ -5,8 +5,8 @@ KEP-5055 device taints on the devices that GPU backs, following NVIDIA's table (
 
 | taint key | value | effect |
 |---|---|---|
-| `gpu.nvidia.com/xid` | the XID | `NoSchedule`; `None` for ignorable XIDs (13, 31, 43, 45, 68, 109 + extra) |
-| `gpu.nvidia.com/gpu-lost` | | `NoSchedule` on every device of the GPU |
+| `gpu.nvidia.com/xid` | the XID | fatal effect; `None` for ignorable XIDs (13, 31, 43, 45, 68, 109 + extra) |
+| `gpu.nvidia.com/gpu-lost` | | fatal effect on every device of the GPU |
 | `gpu.nvidia.com/unmonitored` | | `None` on every device of the GPU (event registration failed) |
 
 An XID about the whole GPU (GI = CI = 0xFFFFFFFF) taints every device of the GPU: the full GPU, its MIG
@@ -14,10 +14,18 @@ devices (static and dynamic placements) and its share device. An XID inside a MI
 devices at that instance's placement (or, when the placement could not be read, the static MIG device with
 those GI/CI ids).
 
-Recovery (unlike NVIDIA's driver, which never removes a taint): a GPU's XID taints go when NVML answers on
-the GPU, the driver's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) is NONE (a reset has been done,
-or none was needed) and no critical XID arrived for `HealthPolicy.recovery_quiet_s` seconds. `gpu-lost` goes
-as soon as NVML answers again. A negative quiet period keeps XID taints forever (NVIDIA's behaviour).
+The fatal effect is `NoSchedule` (new work stays away) or, with `HealthPolicy.fatal_effect = "NoExecute"`,
+`NoExecute` (pods already using the device are evicted too: a GPU that fell off the bus or hit an
+uncorrectable ECC error is not something a running job survives). A double-bit ECC event counts as XID 48.
+
+Recovery (unlike NVIDIA's driver, which never removes a taint) needs proof, never the clock alone. A GPU's
+XID taints go once the GPU is proven healthy again and no critical XID arrived for `recovery_quiet_s`:
+- an NVML probe passes: NVML answers on the GPU and the driver reports recovery action
+  (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) NONE: a reset has been done, or none was needed; or
+- a reset was seen: the GPU stopped answering after the XID and answers again (it was reset or re-enumerated).
+A driver that cannot report the recovery action therefore keeps the taint until the GPU has been reset.
+`gpu-lost` goes as soon as NVML answers again. A negative quiet period keeps XID taints forever (NVIDIA's
+behaviour).
 """
 
 from __future__ import annotations
@@ -37,17 +45,28 @@ DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 _EFFECT_ORDER = {"NoExecute": 0, "NoSchedule": 1, "None": 2}
 
 
+FATAL_EFFECTS: tuple[TaintEffect, ...] = ("NoSchedule", "NoExecute")
+
+
 @dataclass(frozen=True)
 class HealthPolicy:
     additional_ignored_xids: frozenset[int] = frozenset()
-    recovery_quiet_s: float = 300.0  # < 0: XID taints are never removed
+    # after the GPU proved healthy, how long without a new XID before its taints go; < 0: never
+    recovery_quiet_s: float = 300.0
+    fatal_effect: TaintEffect = "NoSchedule"  # of XID and gpu-lost taints; NoExecute also evicts
+
+    def __post_init__(self) -> None:
+        if self.fatal_effect not in FATAL_EFFECTS:
+            raise ValueError(
+                f"device health taint effect {self.fatal_effect!r}: use one of {', '.join(FATAL_EFFECTS)}"
+            )
 
     @property
     def ignored_xids(self) -> frozenset[int]:
         return DEFAULT_IGNORED_XIDS | self.additional_ignored_xids
 
     def xid_effect(self, xid: int) -> TaintEffect:
-        return "None" if xid in self.ignored_xids else "NoSchedule"
+        return "None" if xid in self.ignored_xids else self.fatal_effect
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,7 @@ class GpuHealth:
     last_xid_time: float = 0.0
     lost_since: float | None = None
     unmonitored: str | None = None  # why no events could be registered
+    reset_seen: bool = False  # the GPU stopped answering after its last XID (reset/re-enumerated since)
 
     @property
     def clean(self) -> bool:
@@ -94,21 +114,25 @@ def record_xid(health: GpuHealth | None, event: XidEvent) -> GpuHealth:
         )
 
     xids = current.xids if any(same(e) for e in current.xids) else (*current.xids, event)
-    return replace(current, xids=xids, last_xid_time=max(current.last_xid_time, event.time))
+    # a new XID needs its own proof of recovery: a reset seen before it proves nothing about it
+    return replace(current, xids=xids, last_xid_time=max(current.last_xid_time, event.time), reset_seen=False)
 
 
 def after_probe(health: GpuHealth, probe: GpuProbe, now: float, policy: HealthPolicy) -> GpuHealth:
     """The GPU's health once `probe` is known: lost while NVML fails, XIDs cleared once recovered."""
     if not probe.answering:
-        return health if health.lost_since is not None else replace(health, lost_since=now)
+        if health.lost_since is None:
+            health = replace(health, lost_since=now)
+        return replace(health, reset_seen=True) if health.xids else health
     health = replace(health, lost_since=None)
+    proven = not probe.reset_required and (probe.recovery_known or health.reset_seen)
     if (
         health.xids
         and policy.recovery_quiet_s >= 0
-        and not probe.reset_required
+        and proven
         and now - health.last_xid_time >= policy.recovery_quiet_s
     ):
-        health = replace(health, xids=(), last_xid_time=0.0)
+        health = replace(health, xids=(), last_xid_time=0.0, reset_seen=False)
     return health
 
 
@@ -159,7 +183,7 @@ def device_taints(
         on_gpu = [d for d in model.devices if d.parent_uuid == gpu.uuid]
         if gpu.lost_since is not None:
             for device in on_gpu:
-                add(device, GPU_LOST_TAINT_KEY, "", "NoSchedule", gpu.lost_since)
+                add(device, GPU_LOST_TAINT_KEY, "", policy.fatal_effect, gpu.lost_since)
         for event in gpu.xids:
             for device in _event_devices(event, model.devices):
                 add(device, XID_TAINT_KEY, str(event.xid), policy.xid_effect(event.xid), event.time)
@@ -227,6 +251,7 @@ def health_to_json(health: Mapping[str, GpuHealth]) -> dict[str, object]:
             ],
             "last_xid_time": gpu.last_xid_time,
             "lost_since": gpu.lost_since,
+            "reset_seen": gpu.reset_seen,
         }
     return {"format": HEALTH_FORMAT, "gpus": gpus}
 
@@ -260,6 +285,7 @@ def health_from_json(data: Mapping[str, object]) -> dict[str, GpuHealth]:
                 xids=xids,
                 last_xid_time=float(entry.get("last_xid_time", 0.0)),
                 lost_since=None if lost is None else float(lost),
+                reset_seen=bool(entry.get("reset_seen", False)),
             )
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise ValueError(f"health state: malformed GPU entry ({type(err).__name__}: {err})") from err

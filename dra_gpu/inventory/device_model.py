@@ -1,9 +1,9 @@
 """DiscoveryResult -> DeviceModel: what the node offers, in DRA terms (pure).
 
 What each GPU contributes:
-- whole GPU `gpu-<minor>` (type `gpu`), unless the GPU is in MIG mode and cannot leave it at run time (Ampere
-  with
-  MIG enabled), or, with static MIG, whenever MIG is enabled;
+- whole GPU `gpu-<minor>` (type `gpu`), unless the GPU is in MIG mode (a GPU in MIG mode is no usable whole
+  GPU), except while that MIG mode only serves MIG devices this driver made for claims on a GPU that can
+  switch it off at run time (then the counters keep the whole GPU unallocatable and the slice stays still);
 - dynamic MIG (`ModelOptions.dynamic_mig`): every (profile, placement) pair as a `mig` device, on GPUs that
   can
   create MIG devices now: Hopper+ whatever the MIG mode (the plugin enables MIG on demand), Ampere only while
@@ -127,10 +127,17 @@ def _dynamic_mig_possible(gpu: GpuInfo) -> bool:
     return gpu.mig_capable and bool(gpu.mig_profiles) and (gpu.mig_toggle_without_reset or gpu.mig_enabled)
 
 
-def _publishes_whole_gpu(gpu: GpuInfo, options: ModelOptions) -> bool:
+def _publishes_whole_gpu(gpu: GpuInfo, options: ModelOptions, owned_mig: OwnedMig) -> bool:
+    """MIG mode on: CUDA sees only MIG devices, so a whole-GPU allocation would hand out a GPU no container
+    can use (prepare does not switch MIG mode off), and the GPU is not offered whole. One exception keeps the
+    slices still while claims come and go: MIG mode that is on only because of MIG devices this driver made
+    for claims (Hopper+, dynamic MIG), where the counters already keep the whole GPU from being allocated
+    and the driver switches MIG mode off again with the last of them."""
     if not gpu.mig_enabled:
         return True
-    return options.dynamic_mig and gpu.mig_toggle_without_reset
+    ids = [i.gi_id for i in gpu.mig_instances] + [g.gi_id for g in gpu.mig_empty_gpu_instances]
+    ours = any((gpu.uuid, gi_id) in owned_mig for gi_id in ids)
+    return options.dynamic_mig and gpu.mig_toggle_without_reset and ours
 
 
 def _supports_shares(gpu: GpuInfo) -> bool:
@@ -277,7 +284,7 @@ def _gpu_devices(
     foreign = _foreign_instances(gpu, owned_mig) if dynamic else []
     foreign_empty = _foreign_empty_gpu_instances(gpu, owned_mig) if dynamic else []
     taken = [i.placement for i in foreign] + [g.placement for g in foreign_empty]
-    whole = _publishes_whole_gpu(gpu, options) and not taken
+    whole = _publishes_whole_gpu(gpu, options, owned_mig) and not taken
     share = whole and options.fractional and _supports_shares(gpu)
     if foreign:
         warnings.append(

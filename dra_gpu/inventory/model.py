@@ -13,7 +13,10 @@ from typing import Literal
 
 DRIVER_NAME = "gpu.nvidia.com"
 
-AttributeKind = Literal["string", "int", "bool", "version"]
+# The list kinds (value: a non-empty tuple of items) are KEP-5491 list-typed attributes
+# (DRAListTypeAttributes, alpha since Kubernetes 1.36). The slice builder publishes them as lists only where
+# the cluster takes them, and otherwise a one-element list as its scalar (see slices/slice_builder.py).
+AttributeKind = Literal["string", "int", "bool", "version", "strings", "ints", "bools", "versions"]
 
 
 class DeviceKind(enum.Enum):
@@ -26,7 +29,7 @@ class DeviceKind(enum.Enum):
 @dataclass(frozen=True)
 class Attribute:
     kind: AttributeKind
-    value: str | int | bool
+    value: str | int | bool | tuple[str, ...] | tuple[int, ...] | tuple[bool, ...]
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 from dra_gpu.allocator.builtin_classes import BUILTIN_CLASS_TYPES, DRIVER
 from dra_gpu.cel.environment import compile_selector
 from dra_gpu.cel.errors import CelCompileError
+from dra_gpu.cel.release import NEWEST, CelRelease
 from dra_gpu.cel.syntax import parse
 from dra_gpu.lint.cel_hints import hints
 from dra_gpu.lint.manifests import Document, Located
@@ -54,9 +55,15 @@ ConfigDecoder = Callable[[Mapping[str, Any]], Any]
 
 
 class Linter:
-    def __init__(self, documents: Sequence[Document], decode_config: ConfigDecoder | None = None):
+    def __init__(
+        self,
+        documents: Sequence[Document],
+        decode_config: ConfigDecoder | None = None,
+        release: CelRelease = NEWEST,
+    ):
         self.documents = documents
         self.decode_config = decode_config
+        self.release = release  # the Kubernetes minor (and list-attribute gate) CEL is checked against
         self.findings: list[Finding] = []
         self.classes = set(BUILTIN_CLASS_TYPES)
         self.claims: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -193,7 +200,7 @@ class Linter:
         with contextlib.suppress(CelCompileError):  # a syntax error is reported below
             hint_list = hints(parse(expression))
         try:
-            compile_selector(expression)
+            compile_selector(expression, self.release)
         except CelCompileError as error:
             self._add(
                 document,

@@ -3,7 +3,8 @@
 `DRA_GPU_FAULT_KILL_AT=prepare-started` (comma-separated step names) arms it; unset in production. Steps, in
 the order the prepare and unprepare flows reach them: `prepare-started`, `prepare-group-<i>-applied`
 (sharing done, not yet checkpointed), `prepare-group-<i>`, `prepare-cdi-written`, `prepare-completed`;
-`unprepare-group-<i>` (groups undone newest first), `unprepare-cdi-removed`.
+`unprepare-group-<i>` (groups undone newest first), `unprepare-cdi-removed`. Inside the sharing manager:
+`time-slice-recorded` (holder recorded, interval not yet set).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ slice controller's and the health stream's source), cached so an unchanged model
 
 Flags (`add_device_health_args`): `--device-health-check` [DEVICE_HEALTH_CHECK] (default true),
 `--additional-xids-to-ignore` [ADDITIONAL_XIDS_TO_IGNORE], `--device-health-recovery-seconds`
-[DEVICE_HEALTH_RECOVERY_SECONDS] (default 300; negative: never remove XID taints),
+[DEVICE_HEALTH_RECOVERY_SECONDS] (default 300: quiet period after the GPU proved healthy; negative: never
+remove XID taints), `--device-health-taint-effect` [DEVICE_HEALTH_TAINT_EFFECT] (NoSchedule or NoExecute),
 `--device-health-poll-seconds` [DEVICE_HEALTH_POLL_SECONDS] (default 5).
 """
 
@@ -274,8 +275,17 @@ def add_device_health_args(parser: argparse.ArgumentParser) -> None:
         "--device-health-recovery-seconds",
         type=float,
         default=float(_env("DEVICE_HEALTH_RECOVERY_SECONDS", "300")),
-        help="XID taints go once the GPU answers, needs no reset, and had no XID for this long; negative: "
-        "never [DEVICE_HEALTH_RECOVERY_SECONDS] (default: 300)",
+        help="XID taints go only once the GPU proved healthy (NVML reports no recovery action needed, or a "
+        "reset was seen) and then had no XID for this long; never on the timer alone; negative: never "
+        "[DEVICE_HEALTH_RECOVERY_SECONDS] (default: 300)",
+    )
+    parser.add_argument(
+        "--device-health-taint-effect",
+        default=_env("DEVICE_HEALTH_TAINT_EFFECT", "NoSchedule"),
+        choices=["NoSchedule", "NoExecute"],
+        help="effect of the taints for fatal errors (critical XIDs, double-bit ECC, GPU lost): NoSchedule "
+        "keeps new work away; NoExecute also evicts pods using the device [DEVICE_HEALTH_TAINT_EFFECT] "
+        "(default: NoSchedule)",
     )
     parser.add_argument(
         "--device-health-poll-seconds",
@@ -307,6 +317,7 @@ def start_device_health(
     policy = HealthPolicy(
         additional_ignored_xids=parse_xid_list(args.additional_xids_to_ignore),
         recovery_quiet_s=args.device_health_recovery_seconds,
+        fatal_effect=args.device_health_taint_effect,
     )
     if args.device_health_check != "true":
         return HealthView(base_model, None)

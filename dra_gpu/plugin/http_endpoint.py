@@ -1,8 +1,7 @@
 """HTTP endpoint: Prometheus metrics, `/healthz` and `/readyz`.
 
-The health checks go through the real sockets, as the kubelet would: the registration `GetInfo` on the
-registration socket, then a no-op `NodePrepareResources` (no claims) on the DRA socket. `/readyz` also needs
-the start-up cleanup to be done.
+`healthy` and `ready` read the verdicts that `grpc_health.PluginHealth` keeps current from its own thread, so
+an HTTP probe never waits behind prepare work either. `/readyz` also needs the start-up cleanup to be done.
 """
 
 from __future__ import annotations
@@ -11,36 +10,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import grpc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
-from dra_gpu.plugin.protos import (
-    dra_v1_pb2,
-    dra_v1_pb2_grpc,
-    pluginregistration_v1_pb2,
-    pluginregistration_v1_pb2_grpc,
-)
-from dra_gpu.plugin.server import SocketPaths
-
-PROBE_TIMEOUT_S = 5.0
-
-
-def probe_sockets(paths: SocketPaths, driver_name: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
-    """None when both sockets answer correctly, else what is wrong."""
-    try:
-        with grpc.insecure_channel(f"unix://{paths.registration}") as channel:
-            info = pluginregistration_v1_pb2_grpc.RegistrationStub(channel).GetInfo(
-                pluginregistration_v1_pb2.InfoRequest(), timeout=timeout_s
-            )
-        if info.name != driver_name or info.endpoint != str(paths.endpoint):
-            return f"registration socket answers for {info.name} at {info.endpoint}"
-        with grpc.insecure_channel(f"unix://{paths.endpoint}") as channel:
-            dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
-                dra_v1_pb2.NodePrepareResourcesRequest(), timeout=timeout_s
-            )
-    except grpc.RpcError as exc:
-        return f"gRPC check failed: {exc.code().name}: {exc.details()}"
-    return None
 
 
 class HttpEndpoint:

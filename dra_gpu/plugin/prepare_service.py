@@ -58,6 +58,7 @@ from dra_gpu.plugin.device_conflicts import devices_conflict
 from dra_gpu.plugin.fault_injection import FaultPoints
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, GroupResult, SharingError, SharingManager
+from dra_gpu.sharing.registry import RegistryUnreadableError
 
 log = structlog.get_logger(__name__)
 
@@ -467,7 +468,9 @@ class PrepareService:
                     ref.uid, config, [a.as_allocated() for a in members]
                 )
             except SharingError as exc:
-                raise ClaimError("sharing", f"claim {ref}: {exc}") from exc
+                # its own reason, so dra_gpu_claim_errors_total{reason="registry_unreadable"} can alert on it
+                reason = "registry_unreadable" if isinstance(exc, RegistryUnreadableError) else "sharing"
+                raise ClaimError(reason, f"claim {ref}: {exc}") from exc
             except Exception as exc:
                 raise ClaimError("sharing", f"claim {ref}: sharing setup failed: {exc!r}") from exc
             self.faults.reached(f"prepare-group-{group_index}-applied")
@@ -672,6 +675,15 @@ class PrepareService:
                 destroyed = []
             if destroyed:
                 log.info("destroyed MIG instances no claim owns", instances=destroyed)
+            try:  # a crash between recording a time-slice holder and checkpointing its claim
+                reset = self.sharing.release_unowned_time_slices(
+                    {uid: [g.state for g in e.groups] for uid, e in checkpoint.claims.items()}
+                )
+            except Exception as exc:  # serve anyway; the error names the GPU
+                log.error("resetting leftover time-slice intervals failed", error=str(exc))
+                reset = []
+            if reset:
+                log.info("reset time-slice intervals no claim holds", gpus=reset)
             self._recover_mps([g.state for e in checkpoint.claims.values() for g in e.groups])
             for uid in self.cdi.claim_uids() - set(checkpoint.claims):
                 log.info("removing leftover CDI spec", claim_uid=uid)
@@ -726,6 +738,12 @@ class PrepareService:
                 except ClaimError as exc:
                     log.warning("stale claim cleanup failed", claim=str(ref), error=str(exc))
         return cleaned
+
+    def prepared_group_states(self) -> list[Mapping[str, Any]]:
+        """The sharing states of every checkpointed group (for the MPS reconcile loop), read under the
+        checkpoint lock. Raises CheckpointError."""
+        with self.checkpoints.locked():
+            return [g.state for e in self.checkpoints.read().claims.values() for g in e.groups]
 
     def owned_mig_placements(self) -> frozenset[tuple[str, int]]:
         """(parent uuid, GPU-instance id) of the MIG instances our checkpointed claims own, read under the

@@ -80,6 +80,13 @@ class SharingManager(Protocol):
         """At start-up: destroy MIG instances (parent uuid, gi id, ci id) that no checkpointed claim owns."""
         ...
 
+    def release_unowned_time_slices(
+        self, owned_states: Mapping[str, Iterable[Mapping[str, Any]]]
+    ) -> list[str]:
+        """At start-up: reset the time-slice intervals that no checkpointed group state (claim uid -> states)
+        holds. Returns the GPUs reset."""
+        ...
+
     def stop_unowned_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> list[str]:
         """At start-up: stop MPS daemons that no checkpointed group state (nor a shared GPU) owns.
 

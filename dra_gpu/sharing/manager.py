@@ -2,8 +2,13 @@
 
 For one config group of one claim, `prepare_group` executes the checked plan from `dra_gpu.sharing.plan`, in
 an order where each step can be undone: create on-demand MIG devices, set the time-slice interval, start the
-group's MPS daemon (over full GPUs and MIG devices) or join the per-GPU MPS daemon of fractional shares. If a
-step fails, everything done so far is undone and SharingError says what failed; nothing is left behind.
+group's own MPS daemon (over full GPUs and MIG devices, or over the one GPU of its fractional shares, with the
+share's limits set on that daemon). Claims never share a daemon, a pipe or a /dev/shm. If a step fails,
+everything done so far is undone and SharingError says what failed; nothing is left behind.
+
+`reconcile_mps` (called by the plugin every few seconds) restarts a prepared group's daemon that died, with
+the same limits and pipe directory, and restores compute modes that could not be restored while a GPU was
+gone.
 
 The returned `state` (JSON, checkpointed by the plugin) holds everything `unprepare_group` needs, so the undo
 works after a plugin restart; what several claims share (time-slice holders, shared MPS daemons, MIG instances
@@ -19,7 +24,8 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +33,12 @@ import structlog
 
 from dra_gpu.config.api import ConfigError
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
-from dra_gpu.hardware.types import DiscoveryResult, GpuInfo, MigInstance
+from dra_gpu.hardware.types import ComputeMode, DiscoveryResult, GpuInfo, MigInstance
 from dra_gpu.inventory.model import DeviceKind
 from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, CdiMount, GroupResult, SharingError
 from dra_gpu.sharing.mig_lifecycle import MigLifecycle, instance_from_json, instance_json
 from dra_gpu.sharing.mps import DaemonSpec, MpsDaemons, client_edits, saved_record
+from dra_gpu.sharing.mps_pods import PodLauncher
 from dra_gpu.sharing.plan import MpsPlan, SharePlan, SharingPlan, build_plan
 from dra_gpu.sharing.registry import Registry
 from dra_gpu.sharing.time_slicing import TimeSlicing
@@ -39,6 +46,14 @@ from dra_gpu.sharing.time_slicing import TimeSlicing
 log = structlog.get_logger(__name__)
 
 STATE_VERSION = 1
+POD_RESTART_GRACE_S = 60.0  # a daemon pod that exists but does not answer for longer is reported as failed
+
+
+@dataclass
+class MpsReconcileReport:
+    restarted: list[str] = field(default_factory=list)  # daemon ids started again
+    failed: dict[str, tuple[list[str], str]] = field(default_factory=dict)  # id -> (GPU uuids, error)
+    restored_modes: list[str] = field(default_factory=list)  # GPUs whose pending compute mode was restored
 
 
 def group_daemon_id(claim_uid: str, uuids: Sequence[str]) -> str:
@@ -81,16 +96,24 @@ class HardwareSharingManager:
         mps_ready_timeout_s: float = 10.0,
         mount_shm: bool = True,
         boot_id: str | None = None,
+        faults: Callable[[str], None] | None = None,
+        mps_pods: PodLauncher | None = None,
     ) -> None:
         self._hardware = hardware
         self._plugin_dir = Path(plugin_dir)
         self._registry = Registry(self._plugin_dir, boot_id)
-        self._time_slicing = TimeSlicing(hardware, self._registry)
+        self._time_slicing = TimeSlicing(hardware, self._registry, faults)
         self._mps = MpsDaemons(
-            hardware, self._plugin_dir, ready_timeout_s=mps_ready_timeout_s, mount_shm=mount_shm
+            hardware,
+            self._plugin_dir,
+            ready_timeout_s=mps_ready_timeout_s,
+            mount_shm=mount_shm,
+            faults=faults,
+            pods=mps_pods,
         )
         self._mig = MigLifecycle(hardware, self._registry)
         self._lock = threading.RLock()  # GPU-global settings: one claim's sharing change at a time
+        self._kubelet_restarting: dict[str, float] = {}  # daemon id -> since when its pod does not answer
         self._gpus: dict[str, GpuInfo] | None = None
         # When our own MIG actions last changed the hardware (time.monotonic()): a discovery that started
         # before that is older than what we know, and `refresh` ignores it.
@@ -174,8 +197,8 @@ class HardwareSharingManager:
                 if state["migCreated"]:
                     self._mig_changed()
                 cleanup = f" (cleanup failed: {'; '.join(problems)})" if problems else ""
-                if isinstance(err, SharingError):
-                    raise SharingError(f"{err}{cleanup}") from None
+                if isinstance(err, SharingError):  # keeps its class (RegistryUnreadableError: its own metric)
+                    raise type(err)(f"{err}{cleanup}") from None
                 raise SharingError(f"sharing setup failed: {err!r}{cleanup}") from err
             state["edits"] = edits_to_json(edits)
             if created:  # MIG devices (and maybe MIG mode) changed
@@ -205,10 +228,11 @@ class HardwareSharingManager:
             exclusive_gpus=mps.full_gpu_uuids,
             thread_percentage=mps.config.defaultActiveThreadPercentage,
             pinned_limits=limits,
+            multi_user=bool(mps.config.multiUser),
         )
         record = self._mps.start(spec)
         state["mpsDaemon"] = record
-        return client_edits(record, spec.thread_percentage, limits)
+        return client_edits(record)
 
     @staticmethod
     def _uuid_names(mps: MpsPlan, created: Mapping[str, MigInstance]) -> dict[str, str]:
@@ -222,43 +246,29 @@ class HardwareSharingManager:
         return names
 
     def _join_shared_mps(self, claim_uid: str, share: SharePlan, state: dict[str, Any]) -> CdiEdits:
-        clients = {
-            f"{claim_uid}/{key}": {"computePercent": share.compute_percent, "memoryBytes": share.memory_bytes}
-            for key in share.client_keys
-        }
-        with self._registry.update() as data:
-            entry = data["sharedMps"].get(share.gpu_uuid)
-            if entry is not None and not self._daemon_answers(entry["daemon"]):
-                log.warning("shared MPS daemon is gone; restarting it", gpu=share.gpu_uuid)
-                problems = self._mps.stop(entry["daemon"])
-                if problems:
-                    raise SharingError(
-                        f"cannot clean up the dead MPS daemon of GPU {share.gpu_uuid}: " + "; ".join(problems)
-                    )
-                entry = None
-            if entry is None:
-                record = self._mps.start(
-                    DaemonSpec(
-                        daemon_id=shared_daemon_id(share.gpu_minor),
-                        visible_uuids=(share.gpu_uuid,),
-                        exclusive_gpus=(share.gpu_uuid,),
-                    )
-                )
-                entry = {"daemon": record, "clients": {}}
-                data["sharedMps"][share.gpu_uuid] = entry
-            entry["clients"].update(clients)
-            record = entry["daemon"]
+        """The claim's own daemon over the shared GPU, its share's limits set on the daemon (a ceiling that no
+        client env can raise). The GPU keeps its compute mode: other claims' daemons serve it too."""
+        clients = sorted(f"{claim_uid}/{key}" for key in share.client_keys)
+        multi_user = bool(share.mps_config is not None and share.mps_config.multiUser)
+        spec = DaemonSpec(
+            daemon_id=group_daemon_id(claim_uid, [share.gpu_uuid]),
+            visible_uuids=(share.gpu_uuid,),
+            exclusive_gpus=(),
+            thread_percentage=share.compute_percent,
+            pinned_limits={share.gpu_uuid: share.memory_bytes},
+            multi_user=multi_user,
+        )
+        record = self._mps.start(spec)
+        state["mpsDaemon"] = record
         state["sharedMps"] = {
             "gpu": share.gpu_uuid,
-            "clients": sorted(clients),
+            "clients": clients,
             "daemonId": record["id"],
             "computePercent": share.compute_percent,
             "memoryBytes": share.memory_bytes,
+            "ownDaemon": True,  # older states (one daemon per GPU, in the registry) lack this
         }
-        return client_edits(record, share.compute_percent, {share.gpu_uuid: share.memory_bytes})
-
-    def _daemon_answers(self, record: Mapping[str, Any]) -> bool:
-        return self._mps.answers(record)
+        return client_edits(record)
 
     # ---- unprepare -----------------------------------------------------------------------------------------
 
@@ -275,11 +285,11 @@ class HardwareSharingManager:
         """Undo in reverse order of prepare; every step runs even if an earlier one fails."""
         problems: list[str] = []
         shared = state.get("sharedMps")
-        if shared:
+        if shared and not shared.get("ownDaemon"):
             problems += self._leave_shared_mps(shared["gpu"], shared["clients"])
         daemon = state.get("mpsDaemon")
         if daemon:
-            problems += self._mps.stop(daemon)
+            problems += self._mps.stop(daemon, on_gpu_gone=self._restore_later)
         time_slice = state.get("timeSlice")
         if time_slice:
             problems += self._time_slicing.release(claim_uid, time_slice["gpus"])
@@ -299,10 +309,20 @@ class HardwareSharingManager:
                 entry["clients"].pop(key, None)
             if entry["clients"]:
                 return []
-            problems = self._mps.stop(entry["daemon"])
+            problems = self._mps.stop(entry["daemon"], on_gpu_gone=self._restore_later)
             if not problems:
                 del data["sharedMps"][gpu_uuid]
             return problems
+
+    def _restore_later(self, gpu_uuid: str, mode: int) -> None:
+        """A compute mode to put back when the GPU returns (it fell off the bus during unprepare)."""
+        with self._registry.update() as data:
+            data.setdefault("pendingComputeModes", {})[gpu_uuid] = mode
+
+    def pending_cleanup(self) -> dict[str, int]:
+        """GPU uuid -> compute mode still to restore (the GPU was gone when its claim was unprepared)."""
+        pending: dict[str, int] = self._registry.read().get("pendingComputeModes", {})
+        return dict(pending)
 
     # ---- start-up ------------------------------------------------------------------------------------------
 
@@ -315,6 +335,15 @@ class HardwareSharingManager:
             destroyed = self._mig.destroy_unowned(owned, list(gpus.values()))
             self._mig_changed()
             return destroyed
+
+    def release_unowned_time_slices(
+        self, owned_states: Mapping[str, Iterable[Mapping[str, Any]]]
+    ) -> list[str]:
+        """At start-up: reset time-slice intervals held for claims (uid -> group states) that no checkpointed
+        group state holds. Returns the GPUs reset to Default."""
+        with self._lock:
+            owned = {uid for uid, states in owned_states.items() if any(s.get("timeSlice") for s in states)}
+            return self._time_slicing.release_unowned(owned)
 
     def stop_unowned_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> list[str]:
         """At start-up: stop MPS daemons that neither a checkpointed group state nor a shared GPU owns.
@@ -338,35 +367,76 @@ class HardwareSharingManager:
                     log.error("cannot stop unowned MPS daemon", id=directory.name, problems=problems)
                     continue
                 stopped.append(directory.name)
+            stopped += self._mps.stop_unowned_pods(owned)
             return stopped
 
     def revive_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> list[str]:
-        """At start-up: restart, in place, the MPS daemons that prepared groups and shared GPUs still need but
-        that no longer answer (a restart of the plugin's container takes its child processes with it).
+        """At start-up: restart, in place, the MPS daemons that prepared groups still need but that no longer
+        answer. Returns the ids restarted; one that cannot be restarted is logged (and reported by the
+        plugin's reconcile loop, which calls `reconcile_mps`)."""
+        return self.reconcile_mps(owned_states).restarted
 
-        Returns the ids restarted; a daemon that cannot be restarted is logged and left for unprepare.
-        """
+    def reconcile_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> MpsReconcileReport:
+        """One pass of the continuous check: every prepared group's daemon (and the legacy per-GPU shared
+        daemons) must run with its recorded identity and answer; a dead one is restarted with the same pipe
+        directory, limits and compute modes. Compute modes left to restore on a GPU that was gone are put back
+        once it answers again."""
+        report = MpsReconcileReport()
         with self._lock:
-            revived: list[str] = []
-            records = [dict(s["mpsDaemon"]) for s in owned_states if s.get("mpsDaemon")]
-            for record in records:
-                if self._revive(record):
-                    revived.append(record["id"])
+            for state in owned_states:
+                if state.get("mpsDaemon"):
+                    self._reconcile_one(self._mps.latest(state["mpsDaemon"]), report)
             with self._registry.update() as data:
                 for entry in data["sharedMps"].values():
-                    if entry["clients"] and self._revive(entry["daemon"]):
-                        revived.append(entry["daemon"]["id"])
-            return revived
+                    if entry["clients"]:
+                        self._reconcile_one(entry["daemon"], report)
+                pending = data.setdefault("pendingComputeModes", {})
+                for uuid, mode in sorted(pending.items()):
+                    try:
+                        self._hardware.set_compute_mode(uuid, ComputeMode(mode))
+                    except HardwareError as err:
+                        log.debug("GPU still not back; compute mode restored later", gpu=uuid, error=str(err))
+                        continue
+                    del pending[uuid]
+                    report.restored_modes.append(uuid)
+                    log.info("GPU is back; compute mode restored", gpu=uuid, mode=mode)
+        return report
 
-    def _revive(self, record: dict[str, Any]) -> bool:
-        if not Path(record["dir"]).is_dir() or self._mps.answers(record):
-            return False
+    def _reconcile_one(self, record: dict[str, Any], report: MpsReconcileReport) -> None:
+        if not Path(record["dir"]).is_dir() or self._mps.alive(record):
+            self._kubelet_restarting.pop(record["id"], None)
+            return
+        gpus = sorted({self._parent_gpu(uuid) for uuid in record.get("visibleDevices", [])})
+        if self._mps.pod_exists(record):
+            # Its pod is there but the daemon does not answer: the kubelet restarts the container in place
+            # (restartPolicy Always). Starting another would only wait under the lock; report it when it
+            # stays so for longer than a container restart takes.
+            since = self._kubelet_restarting.setdefault(record["id"], time.monotonic())
+            if time.monotonic() - since > POD_RESTART_GRACE_S:
+                why = "its pod runs but the daemon does not answer on its pipe"
+                report.failed[record["id"]] = (gpus, why)
+            return
+        log.warning("MPS daemon is not running; restarting it", id=record["id"], pid=record.get("pid"))
         try:
             self._mps.restart(record)
         except (SharingError, HardwareError, OSError) as err:
             log.error("cannot restart MPS daemon", id=record["id"], error=str(err))
-            return False
-        return True
+            report.failed[record["id"]] = (gpus, str(err))
+            return
+        report.restarted.append(record["id"])
+
+    def _parent_gpu(self, uuid: str) -> str:
+        """The physical GPU of a daemon's device (a MIG device's parent), from the cached facts."""
+        try:
+            gpus = self._gpu_facts()
+        except HardwareError:
+            return uuid
+        if uuid in gpus:
+            return uuid
+        for gpu in gpus.values():
+            if any(m.uuid == uuid for m in gpu.mig_instances):
+                return gpu.uuid
+        return uuid
 
     def describe(self) -> dict[str, Any]:
         """The registry (what is shared between claims right now), for diagnostics."""

@@ -104,22 +104,49 @@ class MigLifecycle:
         return instance
 
     def destroy(self, instance: MigInstance) -> None:
-        """Destroy one instance we created (already gone is fine); then maybe switch MIG mode off. Raises."""
+        """Destroy one instance we created (already gone is fine); then maybe switch MIG mode off. Raises.
+
+        The instance is identified by its MIG uuid, not by its GPU-instance/compute-instance ids: an
+        unprepare replayed after a crash (or after the device was destroyed out of band) may find those ids
+        reused by a MIG device another claim got since, and must leave that one alone.
+        """
         try:
-            self._hardware.destroy_mig_device(instance.parent_uuid, instance.gi_id, instance.ci_id)
+            current = next(
+                (i for i in self._hardware.list_mig_devices(instance.parent_uuid) if i.uuid == instance.uuid),
+                None,
+            )
+            if current is None:
+                reused = any(
+                    (i.gi_id, i.ci_id) == (instance.gi_id, instance.ci_id)
+                    for i in self._hardware.list_mig_devices(instance.parent_uuid)
+                )
+                log.info(
+                    "MIG device already gone"
+                    + ("; its ids now belong to another device, left alone" if reused else ""),
+                    uuid=instance.uuid,
+                    gi=instance.gi_id,
+                    ci=instance.ci_id,
+                )
+            else:
+                self._hardware.destroy_mig_device(current.parent_uuid, current.gi_id, current.ci_id)
         except HardwareError as err:
             raise SharingError(
                 f"destroying MIG device {instance.uuid} (GPU {instance.parent_uuid} gi={instance.gi_id} "
                 f"ci={instance.ci_id}) failed: {err}"
             ) from None
-        self._forget(instance.parent_uuid, instance.gi_id, instance.ci_id)
+        self._forget(instance.parent_uuid, instance.gi_id, instance.ci_id, instance.uuid)
         log.info("MIG device destroyed", uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
         self.maybe_disable_mig_mode(instance.parent_uuid)
 
-    def _forget(self, parent: str, gi_id: int, ci_id: int) -> None:
-        """Drop an instance from the registry (entries written before the uuid was recorded have 3 fields)."""
+    def _forget(self, parent: str, gi_id: int, ci_id: int, uuid: str | None = None) -> None:
+        """Drop an instance from the registry (entries written before the uuid was recorded have 3 fields).
+        With `uuid`, an entry that records another uuid under the same ids (a later instance) is kept."""
+
+        def same(k: list[Any]) -> bool:
+            return list(k[:3]) == [parent, gi_id, ci_id] and (uuid is None or len(k) < 4 or k[3] == uuid)
+
         with self._registry.update() as data:
-            data["createdMig"] = [k for k in data["createdMig"] if list(k[:3]) != [parent, gi_id, ci_id]]
+            data["createdMig"] = [k for k in data["createdMig"] if not same(k)]
 
     def _undo_mig_mode(self, gpu_uuid: str) -> None:
         """Creation failed after the hardware switched MIG mode on: switch it off again if still empty."""

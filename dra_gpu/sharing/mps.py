@@ -9,12 +9,18 @@ GPUs it serves are switched to compute mode EXCLUSIVE_PROCESS, so that only the 
 previous mode is restored when the daemon stops.
 
 Readiness is proven before prepare returns: the daemon must answer `get_server_list` through its control pipe
-and have written its log. Limits go through the control pipe (`set_default_active_thread_percentage N`,
-`set_default_device_pinned_mem_limit <uuid> <N>M`); per-client limits go into the container environment
-(`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`). The daemon outlives a plugin
-restart: everything needed to stop it (pid, directories, mount, compute modes) is in the returned record,
-which the caller checkpoints. Stopping sends `quit`, waits, then kills the recorded pid if it is still an MPS
-process.
+and have written its log. Limits are set ON THE CONTROL DAEMON (`set_default_active_thread_percentage N`,
+`set_default_device_pinned_mem_limit <uuid> <N>M`) and nowhere else: NVIDIA documents that a client's own
+`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` / `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` can only lower the daemon's setting,
+so a tenant cannot raise its share from inside its container, and a value the user put in the pod spec (which
+can only lower it) is left alone. The container gets `CUDA_MPS_PIPE_DIRECTORY` and the pipe/shm mounts only;
+the control binary is never mounted into workloads.
+
+The daemon is detached (its own session; `-d` daemonizes) so it outlives the plugin process. It is known by
+what cannot be reused: its pipe directory (commands go through the pipe) plus its pid AND that process's start
+time (field 22 of /proc/<pid>/stat). A pid read from a file is never signalled unless the process holding it
+started at the recorded time. The record is written before anything it would have to undo (tmpfs mount,
+compute mode, daemon), so a crash at any step leaves a record that says how to clean up.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +43,7 @@ from dra_gpu.config.quantity import format_mib
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
 from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.interface import CdiEdits, CdiMount, SharingError
+from dra_gpu.sharing.mps_pods import PodLauncher
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +52,7 @@ CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
 CONTAINER_SHM_DIR = "/dev/shm"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the simulated daemon; absent on some real drivers
 LOG_FILE = "control.log"
+NOT_RUNNING = "Cannot find MPS control daemon"  # what the control binary says when no daemon answers
 RECORD_FILE = "record.json"
 DEFAULT_SHM_SIZE = "65536k"  # NVIDIA's fallback when MemTotal cannot be read
 SHM_OPTIONS = "rw,nosuid,nodev,noexec,relatime"
@@ -58,18 +66,45 @@ class DaemonSpec:
     exclusive_gpus: tuple[str, ...]  # full GPUs switched to EXCLUSIVE_PROCESS while the daemon runs
     thread_percentage: int | None = None
     pinned_limits: Mapping[str, int] | None = None  # uuid -> bytes
+    multi_user: bool = False  # `-M`: clients of other uids may connect (NVIDIA's mpsConfig.multiUser)
 
 
-def client_edits(
-    record: Mapping[str, Any], thread_percentage: int | None, pinned_limits: Mapping[str, int]
-) -> CdiEdits:
-    """What a container needs to be an MPS client of the daemon in `record`, with its own limits."""
+GPU_GONE_CODES = frozenset({6, 15})  # NVML_ERROR_NOT_FOUND, NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus
+
+
+def gpu_gone(err: HardwareError) -> bool:
+    """The GPU is not there to be changed (lost, or no longer enumerated): what it needs waits for it."""
+    return err.nvml_code in GPU_GONE_CODES
+
+
+def process_start_time(pid: int | None) -> int | None:
+    """Start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22); None if it does not run.
+    With the pid it names one process for the life of the boot: a reused pid has another start time."""
+    if not pid:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None  # a zombie has exited; whoever reaps it is not our business
+    try:
+        return int(fields[19])  # field 22 overall; fields[0] is field 3 (state)
+    except ValueError:
+        return None
+
+
+def same_process(pid: int | None, start_time: int | None) -> bool:
+    """True only when `pid` runs and started at `start_time`: the identity check before any signal."""
+    return pid is not None and start_time is not None and process_start_time(pid) == start_time
+
+
+def client_edits(record: Mapping[str, Any]) -> CdiEdits:
+    """What a container needs to be an MPS client of the daemon in `record`: the pipe directory and the shared
+    memory. No limits: they are the daemon's (a client env can only lower them, so the user's own pod env is
+    left to do that)."""
     env = [f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"]
-    if thread_percentage is not None:
-        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={thread_percentage}")
-    if pinned_limits:
-        limits = ",".join(f"{uuid}={format_mib(value)}" for uuid, value in sorted(pinned_limits.items()))
-        env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={limits}")
     mounts = (
         CdiMount(record["pipeDir"], CONTAINER_PIPE_DIR),
         CdiMount(record["shmDir"], CONTAINER_SHM_DIR),
@@ -86,12 +121,16 @@ class MpsDaemons:
         ready_timeout_s: float = 10.0,
         stop_timeout_s: float = 5.0,
         mount_shm: bool = True,
+        faults: Callable[[str], None] | None = None,
+        pods: PodLauncher | None = None,
     ) -> None:
         self._hardware = hardware
+        self._pods = pods  # None: detached processes (the `process` launcher); else one pod per daemon
         self._base = plugin_dir / "mps"
         self._ready_timeout_s = ready_timeout_s
         self._stop_timeout_s = stop_timeout_s
         self._mount_shm = mount_shm
+        self._faults: Callable[[str], None] = faults or (lambda _step: None)
 
     # ---- start ---------------------------------------------------------------------------------------------
 
@@ -114,28 +153,25 @@ class MpsDaemons:
             self.stop(stale)
         record = self._record_for(spec, root, pid=None, shm_mounted=False)
         try:
+            # Record first: every later step (mount, compute mode, daemon) is undone from this file if the
+            # plugin dies before the checkpoint names the daemon.
+            root.mkdir(parents=True, exist_ok=True)
+            _save_record(record)
+            self._faults("mps-record-written")
             for name in ("pipe", "log", "shm"):
                 (root / name).mkdir(parents=True, exist_ok=True)
             record["shmMounted"] = self._mount_tmpfs(root / "shm")
             _save_record(record)
+            self._faults("mps-shm-mounted")
             for uuid in spec.exclusive_gpus:
                 record["computeModes"][uuid] = int(self._hardware.get_compute_mode(uuid))
+                _save_record(record)  # the mode to restore is known before it is changed
                 self._hardware.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
-                _save_record(record)
-            self._run(record, ["-d"], None, what="starting the MPS control daemon")
-            record["pid"] = self._read_pid(root / "pipe")
-            _save_record(record)
-            self._wait_ready(record)
-            limits = [
-                f"set_default_device_pinned_mem_limit {uuid} {format_mib(value)}"
-                for uuid, value in sorted((spec.pinned_limits or {}).items())
-            ]
-            if spec.thread_percentage is not None:
-                limits.insert(0, f"set_default_active_thread_percentage {spec.thread_percentage}")
-            if limits:  # one client run for all of them: each run of the control binary costs a process start
-                self._run(
-                    record, [], "\n".join(limits) + "\n", what=f"setting MPS limits ({'; '.join(limits)})"
-                )
+            self._faults("mps-compute-mode-set")
+            self._launch(record)
+            self._faults("mps-daemon-started")
+            self._wait_ready(record, self._limit_commands(record))
+            self._faults("mps-limits-set")
         except (SharingError, HardwareError, OSError) as err:
             problems = self.stop(record)
             detail = f" (cleanup: {'; '.join(problems)})" if problems else ""
@@ -164,7 +200,50 @@ class MpsDaemons:
             "computeModes": {},  # gpu uuid -> compute mode before we changed it
             "threadPercentage": spec.thread_percentage,
             "pinnedLimits": {u: format_mib(v) for u, v in sorted((spec.pinned_limits or {}).items())},
+            "multiUser": spec.multi_user,
+            "startTime": None,  # with pid: the daemon's identity (see process_start_time)
         }
+
+    def _launch(self, record: dict[str, Any]) -> None:
+        """Start the control daemon detached (`-d` forks it into its own session: it is no child of ours and
+        outlives this process) and learn its identity: pid from the pid file, checked to be an MPS control
+        process, plus its start time."""
+        with contextlib.suppress(FileNotFoundError):
+            (Path(record["pipeDir"]) / PID_FILE).unlink()  # a previous daemon's; it is gone
+        if self._pods is not None:
+            # its own pod: pid and start time are the pod's business; the pod UID is the identity
+            record["launcher"], record["pid"], record["startTime"] = "pod", None, None
+            _save_record(record)  # before the pod exists: a crash leaves the name to find it by
+            self._pods.launch(record, self._env(record))
+            _save_record(record)
+            return
+        args = ["-d", "-M"] if record.get("multiUser") else ["-d"]
+        self._run(record, args, None, what="starting the MPS control daemon")
+        pid = self._read_pid(Path(record["pipeDir"]))
+        start_time = process_start_time(pid) if _is_mps_process(pid) else None
+        record["pid"] = pid if start_time is not None else None
+        record["startTime"] = start_time
+        _save_record(record)
+
+    @staticmethod
+    def _limit_commands(record: Mapping[str, Any]) -> list[str]:
+        """The daemon's defaults: the ceiling for every client of this daemon (client env only lowers it)."""
+        limits = [
+            f"set_default_device_pinned_mem_limit {uuid} {value}"
+            for uuid, value in sorted(record.get("pinnedLimits", {}).items())
+        ]
+        if record.get("threadPercentage") is not None:
+            limits.insert(0, f"set_default_active_thread_percentage {record['threadPercentage']}")
+        return limits
+
+    def limits_in_force(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """The limits the running daemon holds (asked through its pipe), e.g. to check a revived daemon."""
+        thread = self.command(record, "get_default_active_thread_percentage").strip()
+        pinned = {
+            uuid: self.command(record, f"get_default_device_pinned_mem_limit {uuid}").strip()
+            for uuid in record.get("visibleDevices", [])
+        }
+        return {"threadPercentage": int(thread) if thread.isdigit() else None, "pinnedLimits": pinned}
 
     def _mount_tmpfs(self, path: Path) -> bool:
         if not self._mount_shm:
@@ -229,19 +308,27 @@ class MpsDaemons:
         """Send one control command (`echo line | nvidia-cuda-mps-control`); raise SharingError on failure."""
         return self._run(record, [], line + "\n", what=f"MPS control command {line!r}", timeout_s=timeout_s)
 
-    def _wait_ready(self, record: Mapping[str, Any]) -> None:
+    def _wait_ready(self, record: Mapping[str, Any], limits: Sequence[str] = ()) -> None:
+        """Wait until the daemon answers `get_server_list` and has written its log, and set `limits` in the
+        same run of the control binary (each run costs a process start: one run, not two)."""
         deadline = time.monotonic() + self._ready_timeout_s
         delay = 0.01
         last = "no answer"
         log_file = Path(record["logDir"]) / LOG_FILE
+        lines = ["get_server_list", *limits]
+        what = "MPS control command 'get_server_list'"
+        if limits:
+            what = f"setting MPS limits ({'; '.join(limits)})"
         while True:
             try:
                 remaining = max(deadline - time.monotonic(), 0.5)
-                self.command(record, "get_server_list", timeout_s=remaining)
+                self._run(record, [], "\n".join(lines) + "\n", what=what, timeout_s=remaining)
                 if log_file.exists():
                     return
                 last = f"{log_file} was not written"
             except SharingError as err:
+                if limits and NOT_RUNNING not in str(err):
+                    raise  # the daemon answered and refused a limit: waiting will not change that
                 last = str(err)
             if time.monotonic() > deadline:
                 raise SharingError(
@@ -265,58 +352,104 @@ class MpsDaemons:
             return False
 
     def restart(self, record: dict[str, Any]) -> None:
-        """Start the daemon of `record` again in place (same directories, mount and limits), e.g. after the
-        plugin's container was restarted and took the daemon with it. Containers that bind-mounted the pipe
-        and
-        shm directories keep working with the new daemon, so nothing is removed. Updates `record["pid"]`."""
+        """Start the daemon of `record` again in place (same pipe directory, mount and limits), e.g. after it
+        died or was killed. Containers that bind-mounted the pipe and shm directories keep working with the
+        new daemon, so nothing is removed. Updates the record's identity (pid, startTime)."""
         root = Path(record["dir"])
         for name in ("pipe", "log", "shm"):
             (root / name).mkdir(parents=True, exist_ok=True)
         if record.get("shmMounted") and not _is_mount_point(root / "shm"):
             record["shmMounted"] = self._mount_tmpfs(root / "shm")
-        with contextlib.suppress(FileNotFoundError):
-            (root / "pipe" / PID_FILE).unlink()  # the previous daemon's; it is gone
         for uuid in record.get("computeModes", {}):
             self._hardware.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
-        self._run(record, ["-d"], None, what="restarting the MPS control daemon")
-        record["pid"] = self._read_pid(root / "pipe")
-        _save_record(record)
-        self._wait_ready(record)
-        limits = [
-            f"set_default_device_pinned_mem_limit {uuid} {value}"
-            for uuid, value in sorted(record.get("pinnedLimits", {}).items())
-        ]
-        if record.get("threadPercentage") is not None:
-            limits.insert(0, f"set_default_active_thread_percentage {record['threadPercentage']}")
-        if limits:
-            self._run(record, [], "\n".join(limits) + "\n", what="setting MPS limits again")
+        self._launch(record)
+        self._wait_ready(record, self._limit_commands(record))
         log.info("MPS daemon restarted", id=record["id"], pid=record["pid"])
+
+    def alive(self, record: Mapping[str, Any]) -> bool:
+        """The daemon named by the record's latest identity runs and answers on its pipe."""
+        latest = self.latest(record)
+        if latest.get("launcher") == "pod":
+            if self._pods is not None and not self._pods.alive(latest):
+                return False
+        elif latest.get("startTime") is not None and not same_process(latest.get("pid"), latest["startTime"]):
+            return False
+        return self.answers(latest)
+
+    def pod_exists(self, record: Mapping[str, Any]) -> bool:
+        """The record's daemon runs in a pod and that pod (its UID) still exists."""
+        latest = self.latest(record)
+        return latest.get("launcher") == "pod" and self._pods is not None and self._pods.alive(latest)
+
+    def latest(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        """The record as last saved next to the daemon (a restart changes pid and start time there, while the
+        checkpoint keeps the first); the given one when that file is missing or belongs to another daemon."""
+        saved = saved_record(Path(record["dir"]))
+        if saved is not None and saved.get("id") == record.get("id"):
+            return saved
+        return dict(record)
+
+    def stop_unowned_pods(self, owned_ids: set[str]) -> list[str]:
+        """Delete daemon pods of this node that no record owns (a crash between creating one and saving its
+        record, or a record lost); returns their names."""
+        if self._pods is None:
+            return []
+        stopped: list[str] = []
+        for pod in self._pods.owned_pods():
+            daemon = pod["metadata"].get("labels", {}).get("gpu.nvidia.com/mps-daemon", "")
+            latest = saved_record(self._base / daemon) if daemon else None
+            if daemon in owned_ids and latest is not None and latest.get("podUid") == pod["metadata"]["uid"]:
+                continue
+            if latest is not None and latest.get("podUid") == pod["metadata"]["uid"]:
+                continue  # its directory still has a record: stop_unowned_mps stops it with everything else
+            problems = self._pods.delete_pod(pod)
+            if problems:
+                log.error(
+                    "cannot delete unowned MPS daemon pod", pod=pod["metadata"]["name"], problems=problems
+                )
+                continue
+            stopped.append(pod["metadata"]["name"])
+        return stopped
 
     def daemon_dirs(self) -> list[Path]:
         return sorted(p for p in self._base.iterdir() if p.is_dir()) if self._base.is_dir() else []
 
     # ---- stop ----------------------------------------------------------------------------------------------
 
-    def stop(self, record: Mapping[str, Any]) -> list[str]:
-        """Stop the daemon, unmount, remove its dir, restore compute modes. Idempotent; returns problems."""
+    def stop(
+        self, record: Mapping[str, Any], on_gpu_gone: Callable[[str, int], None] | None = None
+    ) -> list[str]:
+        """Stop the daemon, unmount, remove its dir, restore compute modes. Idempotent; returns problems.
+
+        Only the process with the recorded identity (pid + start time) is ever signalled. A compute mode that
+        cannot be restored because the GPU is gone is handed to `on_gpu_gone(uuid, mode)` (to be restored when
+        the GPU returns) instead of being a problem, so unprepare of a vanished GPU finishes."""
         problems: list[str] = []
-        # The pid file names the daemon that runs now (it may have been restarted since the record was made).
-        pid = self._read_pid(Path(record["pipeDir"])) or record.get("pid")
-        if Path(record["pipeDir"]).is_dir():
+        latest = self.latest(record)
+        pid, start_time = latest.get("pid"), latest.get("startTime")
+        if latest.get("launcher") == "pod":
+            if self._pods is None:
+                problems.append(
+                    f"MPS daemon {record['id']} runs in a pod, but this plugin has no pod launcher"
+                )
+            else:
+                problems += self._pods.stop(latest)  # the pod's preStop hook sends `quit`
+        elif Path(record["pipeDir"]).is_dir():
             try:
                 self.command(record, "quit", timeout_s=self._stop_timeout_s)
             except SharingError as err:
-                if _alive_mps(pid):
+                if same_process(pid, start_time):
                     log.warning("MPS quit failed; will kill", id=record["id"], error=str(err))
-        if pid is not None and not _wait_gone(pid, self._stop_timeout_s):
+        if not _wait_gone(pid, start_time, self._stop_timeout_s):
             for sig in (signal.SIGTERM, signal.SIGKILL):
-                if _alive_mps(pid):
+                if pid is not None and same_process(pid, start_time):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, sig)
-                    if _wait_gone(pid, self._stop_timeout_s):
+                    if _wait_gone(pid, start_time, self._stop_timeout_s):
                         break
-            if _alive_mps(pid):
+            if same_process(pid, start_time):
                 problems.append(f"MPS daemon {record['id']} (pid {pid}) does not exit")
+        self._faults("mps-quit-sent")
         shm = Path(record["shmDir"])
         if _is_mount_point(shm):
             done = subprocess.run(
@@ -324,15 +457,25 @@ class MpsDaemons:
             )
             if done.returncode != 0:
                 problems.append(f"cannot unmount {shm}: {(done.stderr or done.stdout).strip()}")
+        self._faults("mps-shm-unmounted")
+        for uuid, mode in sorted(latest.get("computeModes", {}).items()):
+            try:
+                self._hardware.set_compute_mode(uuid, ComputeMode(mode))
+            except HardwareError as err:
+                if on_gpu_gone is not None and gpu_gone(err):
+                    log.warning(
+                        "GPU is gone; compute mode restored when it returns", gpu=uuid, error=str(err)
+                    )
+                    on_gpu_gone(uuid, int(mode))
+                else:
+                    problems.append(f"restoring compute mode of GPU {uuid}: {err}")
+            except ValueError as err:
+                problems.append(f"restoring compute mode of GPU {uuid}: {err}")
+        self._faults("mps-modes-restored")
         if not problems:
             shutil.rmtree(record["dir"], ignore_errors=True)
             if Path(record["dir"]).exists():
                 problems.append(f"cannot remove {record['dir']}")
-        for uuid, mode in sorted(record.get("computeModes", {}).items()):
-            try:
-                self._hardware.set_compute_mode(uuid, ComputeMode(mode))
-            except (HardwareError, ValueError) as err:
-                problems.append(f"restoring compute mode of GPU {uuid}: {err}")
         if not problems:
             log.info("MPS daemon stopped", id=record["id"], pid=pid)
         return problems
@@ -377,24 +520,20 @@ def _is_mount_point(path: Path) -> bool:
     return False
 
 
-def _alive_mps(pid: int | None) -> bool:
-    """The pid runs and is an MPS control process (guards against killing a reused pid)."""
-    if pid is None:
+def _is_mps_process(pid: int | None) -> bool:
+    """The pid runs an MPS control process (checked once, when the daemon has just written its pid file)."""
+    if pid is None or process_start_time(pid) is None:
         return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
-    if state in ("Z", "X"):
-        return False  # a zombie has exited; whoever reaps it is not our business
     return b"nvidia-cuda-mps-control" in cmdline or b"mps_control" in cmdline
 
 
-def _wait_gone(pid: int, timeout_s: float) -> bool:
+def _wait_gone(pid: int | None, start_time: int | None, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while _alive_mps(pid):
+    while same_process(pid, start_time):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.02)

@@ -14,7 +14,8 @@ Semantics of the combinations:
 - MPS starts one control daemon for the group, over its full GPUs and/or MIG devices (MPS runs per MIG device
   on a MIG-enabled GPU). Pre-Volta GPUs (compute capability < 7.0) cannot run it.
 - A fractional share (GPU_SHARE device) is always enforced with MPS limits taken from its consumed capacity,
-  through one daemon per physical GPU shared by every share of that GPU. A group with shares may hold only
+  set on the claim's own control daemon over that GPU (claims never share a daemon, pipe or /dev/shm; the
+  daemon's limits are a ceiling that no client env can raise). A group with shares may hold only
   shares of one GPU: a container connects to exactly one MPS daemon (`CUDA_MPS_PIPE_DIRECTORY`), and a full
   GPU next to it would be hidden behind that daemon.
 """
@@ -45,6 +46,7 @@ class SharePlan:
     client_keys: tuple[str, ...]  # "<device>/<shareID>": one per allocation result
     compute_percent: int
     memory_bytes: int  # rounded down to whole MiB
+    mps_config: MpsConfig | None = None  # an explicit MPS config (its limits are already folded in above)
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,7 @@ def _share_plan(
         client_keys=tuple(f"{d.device.name}/{d.share_id or d.request}" for d in shares),
         compute_percent=compute,
         memory_bytes=memory - memory % MIB,
+        mps_config=mps_config,
     )
 
 

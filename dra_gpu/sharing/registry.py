@@ -4,14 +4,21 @@ Per-claim undo information lives in each group's checkpointed `state`; what is s
 here: time-slice holders per GPU, the per-GPU MPS daemons of fractional shares and their clients, the MIG
 instances this driver created (so start-up cleanup never touches instances an administrator made) and the GPUs
 whose MIG mode we switched on. The file is `<plugin dir>/sharing-registry.json`, replaced atomically under an
-fcntl lock. It records the boot id: after a reboot every GPU-global setting is gone, so the registry starts
-empty instead of holding references for claims that no longer exist.
+fcntl lock. It records the boot id: after a reboot the settings that do not survive one (time-slices, MPS
+daemons, MIG instances, compute modes) are gone, so their records start empty instead of holding references
+for claims that no longer exist. MIG mode does survive a reboot (it is kept by the GPU; on Ampere a change is
+pending until the next reset, which a reboot is), so `migModeEnabled` is carried over: the driver still
+switches off the MIG mode it switched on.
+
+A registry file that exists but cannot be read or parsed is never replaced by a fresh one: guessing "empty"
+would forget which MIG instances and settings are ours. `RegistryUnreadableError` is raised (the prepare or
+unprepare that needed it fails with that message), the file is left as it is for the operator, and the
+error is logged every time.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import threading
@@ -21,7 +28,15 @@ from typing import Any
 
 import structlog
 
+from dra_gpu.file_lock import file_locked
+from dra_gpu.sharing.interface import SharingError
+
 log = structlog.get_logger(__name__)
+
+
+class RegistryUnreadableError(SharingError):
+    """The registry file exists but cannot be read or parsed; the message names the file and the fix."""
+
 
 REGISTRY_FILE = "sharing-registry.json"
 FORMAT = 1
@@ -43,6 +58,7 @@ def empty_registry(boot_id: str) -> dict[str, Any]:
         "sharedMps": {},  # gpu uuid -> {"daemon": daemon record, "clients": {"<claim>/<device>": {...}}}
         "createdMig": [],  # [parent uuid, gi id, ci id, MIG uuid] of instances this driver created
         "migModeEnabled": [],  # gpu uuids whose MIG mode we switched on (switched off again when empty)
+        "pendingComputeModes": {},  # gpu uuid -> mode to restore once the GPU (gone at unprepare) is back
     }
 
 
@@ -63,16 +79,13 @@ class Registry:
             if self._open is not None:
                 yield self._open
                 return
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                self._open = self._load()
-                yield self._open
-                self._save(self._open)
-            finally:
-                self._open = None
-                os.close(fd)
+            with file_locked(self._lock_path, exclusive=True):
+                try:
+                    self._open = self._load()
+                    yield self._open
+                    self._save(self._open)
+                finally:
+                    self._open = None
 
     def read(self) -> dict[str, Any]:
         """A private copy of the current contents (nothing is written)."""
@@ -80,32 +93,42 @@ class Registry:
             if self._open is not None:
                 copy: dict[str, Any] = json.loads(json.dumps(self._open))
                 return copy
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH)
+            with file_locked(self._lock_path, exclusive=False):
                 return self._load()
-            finally:
-                os.close(fd)
 
     def _load(self) -> dict[str, Any]:
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return empty_registry(self._boot_id)
-        except (OSError, json.JSONDecodeError) as err:
-            # Losing the registry loses reference counts, not correctness of the GPU: start over, loudly.
-            log.error("sharing registry unreadable; starting empty", path=str(self.path), error=str(err))
-            return empty_registry(self._boot_id)
-        if not isinstance(data, dict) or data.get("bootId") != self._boot_id:
-            if isinstance(data, dict):
-                log.info("sharing registry is from an earlier boot; starting empty", path=str(self.path))
-            return empty_registry(self._boot_id)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise self._unreadable(f"{type(err).__name__}: {err}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("migModeEnabled", []), list):
+            raise self._unreadable("not a registry object")
+        if data.get("bootId") != self._boot_id:
+            kept = [str(u) for u in data.get("migModeEnabled", [])]
+            log.info(
+                "sharing registry is from an earlier boot; starting over, keeping MIG mode records",
+                path=str(self.path),
+                mig_mode_enabled=kept,
+            )
+            fresh = empty_registry(self._boot_id)
+            fresh["migModeEnabled"] = kept
+            return fresh
         fresh = empty_registry(self._boot_id)
         fresh.update(
             {k: v for k, v in data.items() if k in fresh}
         )  # forward-compatible: unknown keys dropped
         return fresh
+
+    def _unreadable(self, why: str) -> RegistryUnreadableError:
+        message = (
+            f"sharing registry {self.path} is unreadable ({why}); refusing to guess which GPU settings and "
+            "MIG devices this driver owns. The file is kept as it is: repair it, or, once no claim is "
+            "prepared on this node, move it aside and restart the plugin"
+        )
+        log.error("sharing registry unreadable", path=str(self.path), error=why)
+        return RegistryUnreadableError(message)
 
     def _save(self, data: dict[str, Any]) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")

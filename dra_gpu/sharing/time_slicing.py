@@ -5,11 +5,15 @@ Applied the way NVIDIA's driver does it (`GpuHardware.set_time_slice`: `nvidia-s
 TimeSlicing: `--set-timeslice` is unsupported on some GPUs (Tesla P4 and older), so an implicit default would
 break them. Holders are counted per GPU in the registry (several claims can reach one GPU, e.g. with admin
 access), and the interval goes back to Default (0) when the last holder is unprepared, also after a restart.
+
+Crash safety: the holder is recorded before the interval is set (`time-slice-recorded` is the fault-injection
+point between the two), so a plugin killed at any point leaves a record of whatever it may have set; at
+start-up `release_unowned` drops holders that no checkpointed claim state owns and resets their GPUs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -28,9 +32,12 @@ def interval_name(value: int) -> str:
 
 
 class TimeSlicing:
-    def __init__(self, hardware: GpuHardware, registry: Registry) -> None:
+    def __init__(
+        self, hardware: GpuHardware, registry: Registry, faults: Callable[[str], None] | None = None
+    ) -> None:
         self._hardware = hardware
         self._registry = registry
+        self._faults = faults or (lambda _step: None)
 
     def acquire(self, claim_uid: str, gpu_uuids: Sequence[str], interval: int) -> list[str]:
         """Set `interval` on every GPU for this claim; all or nothing. Returns the GPUs it holds now."""
@@ -59,16 +66,21 @@ class TimeSlicing:
                     )
                 entry["claims"] = [*others, claim_uid]
                 return
+            # Recorded before it is set: a crash after the set must not leave a setting nobody knows of.
+            data["timeSlice"][uuid] = {"interval": interval, "claims": [claim_uid]}
+        self._faults("time-slice-recorded")
         try:
             self._hardware.set_time_slice(uuid, interval)
         except HardwareError as err:
+            with self._registry.update() as data:
+                entry = data["timeSlice"].get(uuid)
+                if entry is not None and entry["claims"] == [claim_uid]:
+                    del data["timeSlice"][uuid]
             raise SharingError(
                 f"cannot set time-slice interval {interval_name(interval)} on GPU {uuid}: {err} (some GPUs, "
                 "such as the Tesla P4, do not support setting it: drop timeSlicingConfig or the TimeSlicing "
                 "strategy for this GPU)"
             ) from None
-        with self._registry.update() as data:
-            data["timeSlice"][uuid] = {"interval": interval, "claims": [claim_uid]}
         log.info("time-slice set", gpu=uuid, interval=interval_name(interval), claim_uid=claim_uid)
 
     def release(self, claim_uid: str, gpu_uuids: Sequence[str]) -> list[str]:
@@ -93,3 +105,20 @@ class TimeSlicing:
                     del data["timeSlice"][uuid]
             log.info("time-slice reset", gpu=uuid, claim_uid=claim_uid)
         return problems
+
+    def release_unowned(self, owned: set[str]) -> list[str]:
+        """At start-up: drop holders no checkpointed claim state owns (a crash between recording a holder and
+        checkpointing its claim); a GPU left without holders goes back to Default. Returns the GPUs reset."""
+        stale = {
+            uuid: [c for c in entry["claims"] if c not in owned]
+            for uuid, entry in self._registry.read()["timeSlice"].items()
+        }
+        reset: list[str] = []
+        for uuid, claims in stale.items():
+            for claim_uid in claims:
+                problems = self.release(claim_uid, [uuid])
+                for problem in problems:
+                    log.error("cannot reset the time-slice of an interrupted claim", gpu=uuid, error=problem)
+                if not problems and uuid not in self._registry.read()["timeSlice"]:
+                    reset.append(uuid)
+        return reset

@@ -11,6 +11,11 @@ slices):
 - Device taints (health): at most 16 per device on 1.35+, 4 on 1.34 (the model orders them most severe
   first; the rest are left out). Effect `None` only exists since 1.35: on 1.34 such taints are left out.
 - No devices at all: one empty slice, so consumers see an empty pool rather than no pool.
+- List-typed attributes (KEP-5491, gate DRAListTypeAttributes, alpha since 1.36): published as lists only with
+  `list_type_attributes=True` on 1.36+ (the API server drops them when its gate is off, and the scheduler
+  cannot match them without its gate). Otherwise a one-element list is published as its scalar (NVIDIA's
+  `resource.kubernetes.io/numaNode` is `int` without the gate, `ints: [n]` with it) and a longer list is left
+  out. A device with a list attribute counts as "advanced" (at most 64 per slice).
 
 Names are deterministic, `<node>-gpu.nvidia.com-<n>` in order, so the controller can match existing slices to
 desired ones by name and a restart rewrites nothing.
@@ -22,6 +27,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from dra_gpu.config.quantity import format_quantity
 from dra_gpu.inventory.model import (
     DRIVER_NAME,
     Attribute,
@@ -40,18 +46,7 @@ MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_TAINTS_PER_DEVICE = 16  # 1.35+
 MAX_TAINTS_PER_DEVICE_134 = 4
 MIN_KUBERNETES = (1, 34)
-_BINARY_SUFFIXES = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
 _MAX_NAME = 253
-
-
-def format_quantity(value: int, binary_si: bool = False) -> str:
-    """An integer as a Kubernetes quantity: "80Gi"/"9984Mi" for byte counts that divide evenly, else plain
-    digits."""
-    if binary_si and value:
-        for suffix, factor in _BINARY_SUFFIXES:
-            if value % factor == 0:
-                return f"{value // factor}{suffix}"
-    return str(value)
 
 
 def uses_split_layout(kubernetes_version: tuple[int, int]) -> bool:
@@ -67,8 +62,26 @@ def slice_name(node_name: str, index: int, driver_name: str = DRIVER_NAME) -> st
     return f"{node_name[:200].rstrip('-.')}-{digest}-{driver_name}-{index}"
 
 
-def _attribute(attr: Attribute) -> dict[str, Any]:
-    return {attr.kind: attr.value}
+LIST_KINDS = {"strings": "string", "ints": "int", "bools": "bool", "versions": "version"}
+
+
+def lists_published(kubernetes_version: tuple[int, int], list_type_attributes: bool) -> bool:
+    """Whether list attributes go out as lists: the gate is on and the release has it (1.36+)."""
+    return list_type_attributes and tuple(kubernetes_version) >= (1, 36)
+
+
+def _attribute(attr: Attribute, lists: bool) -> dict[str, Any] | None:
+    """The wire form of one attribute; None when it cannot be published (a longer list without lists)."""
+    if attr.kind not in LIST_KINDS:
+        return {attr.kind: attr.value}
+    items = list(attr.value) if isinstance(attr.value, tuple) else [attr.value]
+    if lists:
+        return {attr.kind: items}
+    return {LIST_KINDS[attr.kind]: items[0]} if len(items) == 1 else None
+
+
+def _has_list_attribute(device: Device) -> bool:
+    return any(a.kind in LIST_KINDS for a in device.attributes.values())
 
 
 def _request_policy(policy: RequestPolicy, binary_si: bool) -> dict[str, Any]:
@@ -111,10 +124,13 @@ def max_taints(kubernetes_version: tuple[int, int]) -> int:
     return MAX_TAINTS_PER_DEVICE if uses_split_layout(kubernetes_version) else MAX_TAINTS_PER_DEVICE_134
 
 
-def device_to_wire(device: Device, taint_limit: int = MAX_TAINTS_PER_DEVICE) -> dict[str, Any]:
+def device_to_wire(
+    device: Device, taint_limit: int = MAX_TAINTS_PER_DEVICE, lists: bool = False
+) -> dict[str, Any]:
     out: dict[str, Any] = {"name": device.name}
-    if device.attributes:
-        out["attributes"] = {k: _attribute(v) for k, v in sorted(device.attributes.items())}
+    attributes = {k: _attribute(v, lists) for k, v in sorted(device.attributes.items())}
+    if any(v is not None for v in attributes.values()):
+        out["attributes"] = {k: v for k, v in attributes.items() if v is not None}
     if device.capacity:
         out["capacity"] = {k: _capacity(v) for k, v in sorted(device.capacity.items())}
     if device.consumes_counters:
@@ -141,8 +157,8 @@ def counter_set_to_wire(counter_set: CounterSet) -> dict[str, Any]:
     }
 
 
-def _chunks(devices: Sequence[Device]) -> Iterable[list[Device]]:
-    advanced = any(d.consumes_counters or d.taints for d in devices)
+def _chunks(devices: Sequence[Device], lists: bool = False) -> Iterable[list[Device]]:
+    advanced = any(d.consumes_counters or d.taints or (lists and _has_list_attribute(d)) for d in devices)
     limit = MAX_DEVICES_WITH_COUNTERS if advanced else MAX_DEVICES
     for start in range(0, len(devices), limit):
         yield list(devices[start : start + limit])
@@ -155,7 +171,7 @@ def _group_by_gpu(devices: Sequence[Device]) -> list[list[Device]]:
     return [groups[minor] for minor in sorted(groups)]
 
 
-def _slice_specs(model: DeviceModel, split: bool, taint_limit: int) -> list[dict[str, Any]]:
+def _slice_specs(model: DeviceModel, split: bool, taint_limit: int, lists: bool) -> list[dict[str, Any]]:
     """The `spec` content of each slice (devices and/or sharedCounters), in publishing order."""
     specs: list[dict[str, Any]] = []
     sets_by_name = {c.name: c for c in model.counter_sets}
@@ -166,14 +182,15 @@ def _slice_specs(model: DeviceModel, split: bool, taint_limit: int) -> list[dict
             specs.append({"sharedCounters": [counter_set_to_wire(c) for c in chunk_sets]})
         for group in _group_by_gpu(model.devices):
             specs.extend(
-                {"devices": [device_to_wire(d, taint_limit) for d in chunk]} for chunk in _chunks(group)
+                {"devices": [device_to_wire(d, taint_limit, lists) for d in chunk]}
+                for chunk in _chunks(group, lists)
             )
     else:
         placed: set[str] = set()
         for group in _group_by_gpu(model.devices):
             used = sorted({c.counter_set for d in group for c in d.consumes_counters})
-            for chunk in _chunks(group):
-                spec: dict[str, Any] = {"devices": [device_to_wire(d, taint_limit) for d in chunk]}
+            for chunk in _chunks(group, lists):
+                spec: dict[str, Any] = {"devices": [device_to_wire(d, taint_limit, lists) for d in chunk]}
                 # 1.34 resolves references inside the slice only, so a slice carries the sets its devices use.
                 needed = [
                     n
@@ -200,9 +217,10 @@ def build_slices(
     generation: int = 1,
     node_uid: str | None = None,
     driver_name: str = DRIVER_NAME,
+    list_type_attributes: bool = False,
 ) -> list[dict[str, Any]]:
     """The node's ResourceSlices for `model`, ready to create/compare (see the module docstring for the
-    layout)."""
+    layout). `list_type_attributes`: the cluster has DRAListTypeAttributes on (driver flag)."""
     if tuple(kubernetes_version) < MIN_KUBERNETES:
         raise ValueError(
             f"kubernetes_version {kubernetes_version[0]}.{kubernetes_version[1]} is too old: "
@@ -211,7 +229,12 @@ def build_slices(
         )
     if not node_name:
         raise ValueError("node_name must not be empty: slices are published for one node")
-    specs = _slice_specs(model, uses_split_layout(kubernetes_version), max_taints(kubernetes_version))
+    specs = _slice_specs(
+        model,
+        uses_split_layout(kubernetes_version),
+        max_taints(kubernetes_version),
+        lists_published(kubernetes_version, list_type_attributes),
+    )
     slices = []
     for index, content in enumerate(specs):
         metadata: dict[str, Any] = {"name": slice_name(node_name, index, driver_name)}

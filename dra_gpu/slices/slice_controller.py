@@ -73,6 +73,7 @@ class SliceController:
         model_provider: Callable[[], DeviceModel],
         *,
         kubernetes_version: tuple[int, int] | None = None,
+        list_type_attributes: bool = False,
         sync_delay: float = 0.1,
         resync_period: float = 30.0,
         backoff_initial: float = 0.2,
@@ -86,6 +87,9 @@ class SliceController:
         self.node_name = node_name
         self._model_provider = model_provider
         self._kubernetes_version = kubernetes_version
+        # The cluster has DRAListTypeAttributes on (driver flag, as in NVIDIA's driver): list attributes go
+        # out as lists on 1.36+ (build_slices checks the release), else one-element lists as scalars.
+        self._list_type_attributes = list_type_attributes
         self._sync_delay = sync_delay
         self._resync_period = resync_period
         self._backoff_initial = backoff_initial
@@ -208,7 +212,15 @@ class SliceController:
         version = self._kubernetes_version or (1, 36)
         key = (id(model), version, self._node_uid)
         if self._template is None or self._template[0] != key:
-            slices = build_slices(model, self.node_name, version, 0, self._node_uid, self.driver_name)
+            slices = build_slices(
+                model,
+                self.node_name,
+                version,
+                0,
+                self._node_uid,
+                self.driver_name,
+                list_type_attributes=self._list_type_attributes,
+            )
             check_slices(slices, version)
             self._template = (key, model, slices)
         template = self._template[2]

@@ -81,11 +81,35 @@ def _quantity(value: Any, where: str, problems: list[str]) -> int | None:
         return None
 
 
-def _check_attribute(where: str, value: Any, problems: list[str]) -> None:
+LIST_ATTRIBUTE_KINDS = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
+MAX_ATTRIBUTE_VALUES_PER_DEVICE = 48  # 1.36+: scalars count 1, list items one by one
+
+
+def _attribute_values(value: Any) -> int:
+    """How many values an attribute holds, for the per-device limit."""
+    if isinstance(value, Mapping) and len(value) == 1:
+        ((kind, item),) = value.items()
+        if kind in LIST_ATTRIBUTE_KINDS and isinstance(item, list):
+            return len(item)
+    return 1
+
+
+def _check_attribute(where: str, value: Any, problems: list[str], lists: bool = False) -> None:
     if not isinstance(value, Mapping) or len(value) != 1:
         problems.append(f"{where}: must set exactly one of int, bool, string, version")
         return
     ((kind, item),) = value.items()
+    if kind in LIST_ATTRIBUTE_KINDS:
+        if not lists:
+            problems.append(
+                f"{where}.{kind}: list attributes need Kubernetes >= 1.36 with the DRAListTypeAttributes gate"
+            )
+        elif not isinstance(item, list) or not item:
+            problems.append(f"{where}.{kind}: must be a non-empty list")
+        else:
+            for index, element in enumerate(item):
+                _check_attribute(f"{where}.{kind}[{index}]", {LIST_ATTRIBUTE_KINDS[kind]: element}, problems)
+        return
     if kind == "int":
         if not isinstance(item, int) or isinstance(item, bool):
             problems.append(f"{where}.int: {item!r} is not an integer")
@@ -178,7 +202,7 @@ def _check_taints(where: str, device: Mapping[str, Any], split: bool, problems: 
             problems.append(f"{where}.taints[{i}].effect: {taint.get('effect')!r}, expected one of {effects}")
 
 
-def _check_device(where: str, device: Mapping[str, Any], problems: list[str]) -> None:
+def _check_device(where: str, device: Mapping[str, Any], problems: list[str], lists: bool = False) -> None:
     name = device.get("name", "")
     if not is_dns_label(name):
         problems.append(
@@ -195,7 +219,10 @@ def _check_device(where: str, device: Mapping[str, Any], problems: list[str]) ->
         problem = _qualified_name_problem(key)
         if problem:
             problems.append(f"{where}.attributes[{key!r}]: name {problem}")
-        _check_attribute(f"{where}.attributes[{key!r}]", value, problems)
+        _check_attribute(f"{where}.attributes[{key!r}]", value, problems, lists)
+    values = sum(_attribute_values(v) for v in attributes.values())
+    if lists and values > MAX_ATTRIBUTE_VALUES_PER_DEVICE:
+        problems.append(f"{where}: {values} attribute values, at most {MAX_ATTRIBUTE_VALUES_PER_DEVICE}")
     multiple = device.get("allowMultipleAllocations") is True
     for key, value in capacity.items():
         problem = _qualified_name_problem(key)
@@ -275,7 +302,12 @@ def validate_slices(
             problems.append(
                 f"{where}: on Kubernetes >= 1.35 a slice holds devices or sharedCounters, not both"
             )
-        advanced = any(d.get("consumesCounters") or d.get("taints") for d in devices)
+        advanced = any(
+            d.get("consumesCounters")
+            or d.get("taints")
+            or any(set(v) & set(LIST_ATTRIBUTE_KINDS) for v in (d.get("attributes") or {}).values())
+            for d in devices
+        )
         limit = MAX_DEVICES_WITH_COUNTERS if (advanced and split) else MAX_DEVICES
         if len(devices) > limit:
             problems.append(f"{where}: {len(devices)} devices, at most {limit}")
@@ -307,7 +339,7 @@ def validate_slices(
         consumed_in_slice = 0
         for d_index, device in enumerate(devices):
             device_where = f"{where}.devices[{d_index}] {device.get('name', '')!r}"
-            _check_device(device_where, device, problems)
+            _check_device(device_where, device, problems, tuple(kubernetes_version) >= (1, 36))
             _check_taints(device_where, device, split, problems)
             key = (pool_name, device.get("name", ""))
             if key in device_names:

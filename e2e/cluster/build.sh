@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Builds the pinned Kubernetes test-cluster components from the Go module proxy into
 #   ${DRA_GPU_CACHE:-$HOME/.cache/dra-gpu}/k8s/<KUBERNETES_VERSION>/bin
-# Usage: e2e/cluster/build.sh control-plane|node|all|helm|image [...]
+# Usage: [KUBERNETES_VERSION=v1.34.12|1.34|all] e2e/cluster/build.sh control-plane|node|all|helm|image [...]
+#   KUBERNETES_VERSION  unset: the default of versions.env; a minor (1.34) picks that entry of
+#                       KUBERNETES_VERSIONS; "all" builds every entry of KUBERNETES_VERSIONS, one after the other.
 #   control-plane  etcd, kube-apiserver, kube-scheduler (what the pytest fixtures need)
 #   all            control-plane + kube-controller-manager, kube-scheduler, kubelet, kubectl, containerd, runc, CNI
 #   helm           helm
+#   nvidia-ctk     nvidia-ctk and nvidia-cdi-hook (NVIDIA Container Toolkit) for the driver image
 #   image          the driver image, via manifests/image/build.sh (needs docker, podman or buildah)
 # A stamp per component (version + recipe) makes a second run instant. Build times go to
 # e2e/_artifacts/build-times.json.
@@ -12,8 +15,19 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
+# KUBERNETES_VERSION from the caller wins over the default in versions.env.
+REQUESTED_VERSION="${KUBERNETES_VERSION:-}"
 # shellcheck source=versions.env
 source "$HERE/versions.env"
+# shellcheck source=k8s-version.sh
+source "$HERE/k8s-version.sh"
+if [[ "$REQUESTED_VERSION" == all ]]; then
+    # One run per tested version; the version-independent components are built once and then reused.
+    IFS=, read -r -a _versions <<<"$KUBERNETES_VERSIONS"
+    for _v in "${_versions[@]}"; do KUBERNETES_VERSION="$_v" "${BASH_SOURCE[0]}" "$@" || exit; done
+    exit 0
+fi
+select_kubernetes_version "$REQUESTED_VERSION" || exit 1
 
 CACHE="${DRA_GPU_CACHE:-$HOME/.cache/dra-gpu}"
 BIN="$CACHE/k8s/$KUBERNETES_VERSION/bin"
@@ -102,6 +116,26 @@ locked() {
 
 write_stamp() { mkdir -p "$STAMPS"; printf '%s' "$2" >"$STAMPS/$1"; }
 
+# reuse_shared NAME RECIPE BINARIES...: etcd, containerd, runc, CNI and Helm do not depend on the Kubernetes
+# version. When another version's bin dir holds them with the same recipe, link (or copy) them instead of
+# compiling again: the second Kubernetes version costs only its own binaries.
+reuse_shared() {
+    local name="$1" recipe="$2"; shift 2
+    local other b
+    for other in "$CACHE"/k8s/*/bin; do
+        [[ "$other" != "$BIN" && -f "$other/.stamps/$name" && "$(cat "$other/.stamps/$name")" == "$recipe" ]] || continue
+        for b in "$@"; do [[ -x "$other/$b" ]] || continue 2; done
+        for b in "$@"; do
+            mkdir -p "$(dirname "$BIN/$b")"
+            ln -f "$other/$b" "$BIN/$b" 2>/dev/null || cp -p "$other/$b" "$BIN/$b"
+        done
+        write_stamp "$name" "$recipe"
+        log "$name reused from $other"
+        return 0
+    done
+    return 1
+}
+
 # module_dir MODULE@VERSION: downloads a module and prints its (read-only) directory in the module cache.
 module_dir() {
     local json dir
@@ -181,6 +215,7 @@ build_k8s() { # binaries...
 # -------------------------------------------------------------------------------------------------- etcd
 build_etcd() {
     if stamp_ok etcd "$ETCD_VERSION cgo0" etcd; then log "etcd $ETCD_VERSION up to date"; return 0; fi
+    reuse_shared etcd "$ETCD_VERSION cgo0" etcd && return 0
     log "etcd $ETCD_VERSION ..."
     local t0 src; t0=$(now_us)
     src="$(writable_source go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION")"
@@ -196,6 +231,7 @@ build_containerd() {
     if stamp_ok containerd "$recipe" containerd containerd-shim-runc-v2 ctr; then
         log "containerd $CONTAINERD_VERSION up to date"; return 0
     fi
+    reuse_shared containerd "$recipe" containerd containerd-shim-runc-v2 ctr && return 0
     log "containerd $CONTAINERD_VERSION ..."
     local t0 src; t0=$(now_us)
     src="$(writable_source github.com/containerd/containerd/v2 "$CONTAINERD_VERSION" "$CONTAINERD_VERSION")"
@@ -218,6 +254,7 @@ build_runc() {
     if [[ -f /usr/include/seccomp.h ]]; then tags="seccomp"; fi
     local recipe="$RUNC_VERSION cgo1 tags=$tags"
     if stamp_ok runc "$recipe" runc; then log "runc $RUNC_VERSION up to date"; return 0; fi
+    reuse_shared runc "$recipe" runc && return 0
     log "runc $RUNC_VERSION (tags: ${tags:-none}) ..."
     local t0 src; t0=$(now_us)
     src="$(writable_source github.com/opencontainers/runc "$RUNC_VERSION" "$RUNC_VERSION")"
@@ -236,6 +273,7 @@ build_cni() {
     if stamp_ok cni "$CNI_PLUGINS_VERSION cgo0 ${CNI_PLUGINS[*]}" "${names[@]}"; then
         log "cni plugins $CNI_PLUGINS_VERSION up to date"; return 0
     fi
+    reuse_shared cni "$CNI_PLUGINS_VERSION cgo0 ${CNI_PLUGINS[*]}" "${names[@]}" && return 0
     log "cni plugins $CNI_PLUGINS_VERSION ..."
     local t0 src; t0=$(now_us)
     src="$(writable_source github.com/containernetworking/plugins "$CNI_PLUGINS_VERSION" "$CNI_PLUGINS_VERSION")"
@@ -253,6 +291,7 @@ build_cni() {
 build_helm() {
     local major="${HELM_VERSION%%.*}"
     if stamp_ok helm "$HELM_VERSION cgo0" helm; then log "helm $HELM_VERSION up to date"; return 0; fi
+    reuse_shared helm "$HELM_VERSION cgo0" helm && return 0
     log "helm $HELM_VERSION ..."
     local t0 src; t0=$(now_us)
     src="$(writable_source "helm.sh/helm/$major" "$HELM_VERSION" "$HELM_VERSION")"
@@ -261,6 +300,33 @@ build_helm() {
     write_stamp helm "$HELM_VERSION cgo0"
     log "helm $HELM_VERSION done in $(since "$t0")s"
     record_time helm "$HELM_VERSION" build_s "$(since "$t0")"
+}
+
+# ------------------------------------------------------------------------------ NVIDIA Container Toolkit
+# nvidia-ctk (cdi generate; cgo: it dlopens NVML through go-nvml) and nvidia-cdi-hook (static: the plugin copies
+# it onto the node, whose libc we do not know) for the driver image. Installed under $CACHE/nvidia-ctk/<version>.
+NVCTK_DIR="$CACHE/nvidia-ctk/${NVIDIA_CONTAINER_TOOLKIT_VERSION:-unset}"
+build_nvidia_ctk() {
+    local v="$NVIDIA_CONTAINER_TOOLKIT_VERSION" recipe="$NVIDIA_CONTAINER_TOOLKIT_VERSION ctk-cgo1 hook-cgo1-static"
+    if [[ -f "$NVCTK_DIR/.stamp" && "$(cat "$NVCTK_DIR/.stamp")" == "$recipe" && -x "$NVCTK_DIR/nvidia-ctk" \
+          && -x "$NVCTK_DIR/nvidia-cdi-hook" ]]; then
+        log "nvidia-ctk $v up to date"; return 0
+    fi
+    log "nvidia-ctk, nvidia-cdi-hook $v ..."
+    local t0 src; t0=$(now_us)
+    src="$(module_dir "github.com/NVIDIA/nvidia-container-toolkit@$v")"
+    local ld="-s -w -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=${v#v}"
+    ld+=" -X github.com/NVIDIA/nvidia-container-toolkit/internal/info.gitCommit=module-proxy"
+    mkdir -p "$NVCTK_DIR"
+    (cd "$src" && CGO_ENABLED=1 run_logged nvidia-ctk "${NICE[@]}" go build -ldflags "$ld" \
+        -o "$NVCTK_DIR/nvidia-ctk" ./cmd/nvidia-ctk)
+    # go-nvml needs cgo even where NVML is never called; linked statically all the same (the hooks it runs
+    # do not dlopen NVML), so any node's libc runs it.
+    (cd "$src" && CGO_ENABLED=1 run_logged nvidia-ctk "${NICE[@]}" go build -tags "osusergo netgo" \
+        -ldflags "$ld -linkmode external -extldflags -static" -o "$NVCTK_DIR/nvidia-cdi-hook" ./cmd/nvidia-cdi-hook)
+    printf '%s' "$recipe" >"$NVCTK_DIR/.stamp"
+    log "nvidia-ctk $v done in $(since "$t0")s"
+    record_time nvidia-ctk "$v" build_s "$(since "$t0")"
 }
 
 # ------------------------------------------------------------------------------------------------- main
@@ -273,18 +339,19 @@ main() {
         local t_target built_before=$BUILT; t_target=$(now_us)
         case "$target" in
             # kube-scheduler too: `make test` builds only this target and the kube_scheduler fixture needs it.
-            control-plane) locked etcd build_etcd; locked k8s build_k8s kube-apiserver kube-scheduler ;;
-            node) locked k8s build_k8s kubelet; locked containerd build_containerd; locked runc build_runc
+            control-plane) locked etcd build_etcd; locked "k8s-$KUBERNETES_VERSION" build_k8s kube-apiserver kube-scheduler ;;
+            node) locked "k8s-$KUBERNETES_VERSION" build_k8s kubelet; locked containerd build_containerd; locked runc build_runc
                 locked cni build_cni ;;
             all)
                 locked etcd build_etcd
-                locked k8s build_k8s kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl
+                locked "k8s-$KUBERNETES_VERSION" build_k8s kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl
                 locked containerd build_containerd; locked runc build_runc; locked cni build_cni ;;
-            scheduler) locked k8s build_k8s kube-scheduler ;;  # kept for callers; control-plane has it
+            scheduler) locked "k8s-$KUBERNETES_VERSION" build_k8s kube-scheduler ;;  # kept for callers; control-plane has it
             helm) locked helm build_helm ;;
+            nvidia-ctk) locked nvidia-ctk build_nvidia_ctk ;;
             # The driver's container image (docker/podman/buildah); `make image` calls this target.
             image) "$REPO/manifests/image/build.sh" ;;
-            *) die "unknown target '$target' (use control-plane, node, all, scheduler, helm or image)" ;;
+            *) die "unknown target '$target' (use control-plane, node, all, scheduler, helm, nvidia-ctk or image)" ;;
         esac
         # cold_s: this target compiled something; warm_s: every stamp was current.
         local kind=warm_s

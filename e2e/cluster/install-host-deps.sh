@@ -23,6 +23,13 @@ PACKAGES=(
     psmisc
 )
 
+# `install-host-deps.sh image`: also what `make image` needs on a machine without Docker: buildah builds the
+# Dockerfile without a daemon (RUN steps with --isolation chroot, no new cgroups) and debootstrap makes the
+# local Debian base when the default base image cannot be pulled (manifests/image/debian-base.sh).
+if [[ "${1:-}" == "image" ]]; then
+    PACKAGES+=(buildah debootstrap)
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

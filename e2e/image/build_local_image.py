@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -279,6 +279,7 @@ class BuildResult:
     archive_bytes: int
     cached: bool
     seconds: float
+    kind: str = "local"  # "local": assembled here; "real": the Dockerfile's image (real_image.py)
 
 
 def build(reference: str = DEFAULT_REFERENCE) -> BuildResult:
@@ -323,6 +324,16 @@ def build(reference: str = DEFAULT_REFERENCE) -> BuildResult:
     )
 
 
+def build_for_cluster(reference: str = DEFAULT_REFERENCE, choice: str | None = None) -> BuildResult:
+    """The image the e2e tests install: the Dockerfile's (`make image`) when a container tool is here, else
+    the assembled one; `choice` or DRA_GPU_E2E_IMAGE (auto, real, local) decides (real_image.py)."""
+    from e2e.image.real_image import build_real, wanted_kind
+
+    if wanted_kind(choice) == "real":
+        return replace(build_real(reference), kind="real")
+    return build(reference)
+
+
 def import_into_cluster(result: BuildResult) -> bool:
     """Import the archive into the local cluster's containerd unless it has this digest; True if imported."""
     from e2e.cluster.cluster import Cluster
@@ -347,9 +358,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--reference", default=DEFAULT_REFERENCE)
     parser.add_argument("--no-import", action="store_true", help="only build the archive")
+    parser.add_argument(
+        "--kind", choices=("auto", "real", "local"), default=None,
+        help="real: the Dockerfile's image (needs buildah/podman/docker); local: assembled here; "
+        "auto (default, or DRA_GPU_E2E_IMAGE): real when a container tool is installed",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        result = build(args.reference)
+        result = build_for_cluster(args.reference, args.kind)
         imported = False
         if not args.no_import:
             t0 = time.monotonic()
@@ -357,7 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             import_s = time.monotonic() - t0
         mib = 1024 * 1024
         print(
-            f"[image] {result.reference} {result.digest} rootfs {result.rootfs_bytes / mib:.1f} MiB, "
+            f"[image] {result.kind} {result.reference} {result.digest} "
+            f"rootfs {result.rootfs_bytes / mib:.1f} MiB, "
             f"archive {result.archive_bytes / mib:.1f} MiB, "
             f"{'cached' if result.cached else 'built'} in {result.seconds:.1f}s"
             + ("" if args.no_import else f", {'imported' if imported else 'already in containerd'}"

@@ -147,6 +147,10 @@ class HostDriver:
             "KUBELET_REGISTRAR_DIRECTORY_PATH": str(s.kubelet_dir / "plugins_registry"),
             "KUBELET_PLUGINS_DIRECTORY_PATH": str(s.kubelet_dir / "plugins"),
             "HTTP_ENDPOINT": s.plugin_endpoint,
+            # The chart runs MPS daemons as pods of the plugin's image; a host process has no image to give
+            # them and starts them as detached processes instead (docs/ARCHITECTURE.md "MPS daemons").
+            "MPS_DAEMON_MODE": "process",
+            "MPS_DAEMON_IMAGE": None,
         }
         try:
             docs, _ = chart.render_chart({"hardware": s.hardware})

@@ -6,6 +6,7 @@ I/O (kubectl, the driver's view of the hardware and of /var/run/cdi) and the wai
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -309,6 +310,13 @@ def cluster_has(requirement: str, kubectl: Kubectl) -> tuple[bool, str]:
         )
     if requirement == "resource-quota":
         return True, ""
+    if requirement.startswith("kubernetes>="):
+        # Some examples need scheduler behaviour that older releases lack (e.g. 1.34's alpha consumable
+        # capacity does not allocate the share devices, which also consume the GPU's shared counters).
+        wanted = tuple(int(p) for p in requirement.removeprefix("kubernetes>=").split("."))
+        server = json.loads(kubectl.run("version", "-o", "json").stdout)["serverVersion"]
+        have = (int(server["major"]), int("".join(ch for ch in server["minor"] if ch.isdigit())))
+        return have >= wanted, f"the cluster runs Kubernetes {have[0]}.{have[1]}"
     return False, f"unknown requirement {requirement!r}"
 
 

@@ -61,14 +61,20 @@ def _kubernetes_version_env() -> dict[str, str]:
 
 
 def cluster_bin_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """The directory where `e2e/cluster/build.sh` puts the pinned binaries (kubectl, helm, ...)."""
+    """The directory where `e2e/cluster/build.sh` puts the binaries (kubectl, helm, ...) of the selected
+    Kubernetes version ($KUBERNETES_VERSION, else the default of versions.env)."""
     cache = Path(env.get("DRA_GPU_CACHE") or Path.home() / ".cache" / "dra-gpu")
-    version = _kubernetes_version_env().get("KUBERNETES_VERSION", "v1.36.3")
-    return cache / "k8s" / version / "bin"
+    return cache / "k8s" / pinned_kubernetes_version(env) / "bin"
 
 
-def pinned_kubernetes_version() -> str:
-    return _kubernetes_version_env().get("KUBERNETES_VERSION", "v1.36.3")
+def pinned_kubernetes_version(env: Mapping[str, str] = os.environ) -> str:
+    """The Kubernetes release under test; `make e2e` runs once per entry of KUBERNETES_VERSIONS."""
+    from tests.support.control_plane import selected_kubernetes_version
+
+    versions = _kubernetes_version_env()
+    if "KUBERNETES_VERSION" not in versions:
+        return "v1.37.2"
+    return selected_kubernetes_version(env, versions)
 
 
 def _int(env: Mapping[str, str], key: str, default: int) -> int:

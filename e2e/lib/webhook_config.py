@@ -6,6 +6,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from dra_gpu.webhook.match_conditions import MATCH_CONDITIONS
+
 WEBHOOK_CONFIG_NAME = "dra-gpu-e2e-webhook"
 WEBHOOK_PATH = "/validate-resource-claim-parameters"
 
@@ -15,7 +17,8 @@ def webhook_configuration(url: str, ca_bundle_b64: str, timeout_s: int = 10) -> 
 
     `matchPolicy: Equivalent` makes the API server convert v1beta1/v1beta2 requests to what the webhook is
     registered for; `failurePolicy: Fail` so that a webhook that is down shows up instead of passing bad
-    configs.
+    configs; the chart's `matchConditions`, so that only what carries a gpu.nvidia.com opaque config (and
+    UPDATEs that change the spec) waits for it.
     """
     if not url.startswith("https://"):
         raise ValueError(
@@ -34,6 +37,7 @@ def webhook_configuration(url: str, ca_bundle_b64: str, timeout_s: int = 10) -> 
                 "matchPolicy": "Equivalent",
                 "timeoutSeconds": timeout_s,
                 "clientConfig": {"url": url, "caBundle": ca_bundle_b64},
+                "matchConditions": [dict(c) for c in MATCH_CONDITIONS],
                 "rules": [
                     {
                         "apiGroups": ["resource.k8s.io"],

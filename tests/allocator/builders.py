@@ -26,7 +26,9 @@ def device(
 ) -> dict[str, Any]:
     attrs: dict[str, Any] = {"type": {"string": kind}}
     for key, value in (attributes or {}).items():
-        if isinstance(value, bool):
+        if isinstance(value, Mapping):  # written out in wire form, e.g. a list attribute {"ints": [0, 1]}
+            attrs[key] = dict(value)
+        elif isinstance(value, bool):
             attrs[key] = {"bool": value}
         elif isinstance(value, int):
             attrs[key] = {"int": value}

@@ -248,18 +248,21 @@ def test_match_attribute_backtracks() -> None:
     assert allocated_labels(explanation) == ["n1/gpu-1", "n1/gpu-2"]
 
 
-def test_match_attribute_across_requests_and_versions_compare_semantically() -> None:
+def test_match_attribute_across_requests_and_versions_compare_as_strings() -> None:
+    # The scheduler compares version attributes as strings (semver strings are minimal), so build metadata
+    # counts: 1.0.0+b does not match 1.0.0+a although semver precedence calls them equal.
     devices = [
         device("gpu-0", attributes={"driverVersion": "v:1.0.0+a"}),
         device("m-0", "mig", attributes={"driverVersion": "v:2.0.0"}),
         device("m-1", "mig", attributes={"driverVersion": "v:1.0.0+b"}),
+        device("m-2", "mig", attributes={"driverVersion": "v:1.0.0+a"}),
     ]
     constraint = {"matchAttribute": "gpu.nvidia.com/driverVersion", "requests": ["g", "m"]}
     [explanation] = run(
         [claim("c", exactly("g"), exactly("m", "mig.nvidia.com"), constraints=[constraint])],
         [resource_slice("s", "n1", devices)],
     )
-    assert allocated_labels(explanation) == ["n1/gpu-0", "n1/m-1"]
+    assert allocated_labels(explanation) == ["n1/gpu-0", "n1/m-2"]
 
 
 def test_devices_without_the_constrained_attribute_are_not_chosen() -> None:
@@ -282,6 +285,54 @@ def test_distinct_attribute() -> None:
         [resource_slice("s", "n1", devices)],
     )
     assert allocated_labels(explanation) == ["n1/gpu-0", "n1/gpu-2"]
+
+
+def test_match_attribute_on_list_attributes_needs_one_value_common_to_all_devices() -> None:
+    # 1.37 with DRAListTypeAttributes: the running intersection must stay non-empty. gpu-0 {0,1} and gpu-1
+    # {1,2} share 1, gpu-2 {2} shares nothing with {1}: a 3-device claim needs gpu-3 (scalar 1) instead.
+    devices = [
+        device("gpu-0", attributes={"numa": {"ints": [0, 1]}}),
+        device("gpu-1", attributes={"numa": {"ints": [1, 2]}}),
+        device("gpu-2", attributes={"numa": {"ints": [2]}}),
+        device("gpu-3", attributes={"numa": 1}),
+    ]
+    constraint = {"matchAttribute": "gpu.nvidia.com/numa"}
+    [explanation] = run(
+        [claim("c", exactly("g", count=3), constraints=[constraint])], [resource_slice("s", "n1", devices)]
+    )
+    assert allocated_labels(explanation) == ["n1/gpu-0", "n1/gpu-1", "n1/gpu-3"]
+
+
+def test_match_attribute_list_values_of_another_type_share_nothing() -> None:
+    devices = [
+        device("gpu-0", attributes={"numa": {"ints": [0, 1]}}),
+        device("gpu-1", attributes={"numa": {"strings": ["0", "1"]}}),
+    ]
+    constraint = {"matchAttribute": "gpu.nvidia.com/numa"}
+    [explanation] = run(
+        [claim("c", exactly("g", count=2), constraints=[constraint])], [resource_slice("s", "n1", devices)]
+    )
+    assert not explanation.allocatable
+    reasons = [r.reason for r in explanation.requests[0].rejected] + [explanation.reason or ""]
+    reasons += list(explanation.node_failures.values())
+    assert any("has nothing in common with" in reason for reason in reasons), reasons
+
+
+def test_distinct_attribute_on_list_attributes_needs_disjoint_sets() -> None:
+    devices = [
+        device("gpu-0", attributes={"links": {"strings": ["a", "b"]}}),
+        device("gpu-1", attributes={"links": {"strings": ["b", "c"]}}),
+        device("gpu-2", attributes={"links": {"strings": ["c", "d"]}}),
+    ]
+    constraint = {"distinctAttribute": "gpu.nvidia.com/links"}
+    [explanation] = run(
+        [claim("c", exactly("g", count=2), constraints=[constraint])], [resource_slice("s", "n1", devices)]
+    )
+    assert allocated_labels(explanation) == ["n1/gpu-0", "n1/gpu-2"]
+    [none] = run(
+        [claim("c", exactly("g", count=3), constraints=[constraint])], [resource_slice("s", "n1", devices)]
+    )
+    assert not none.allocatable
 
 
 def test_first_available_falls_back_and_names_the_subrequest() -> None:

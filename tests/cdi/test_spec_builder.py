@@ -161,7 +161,7 @@ def test_nvidia_ctk_is_used_when_present(tmp_path: Path, sim_root: str) -> None:
         f"cat > \"$out\" <<'EOF'\n{json.dumps(generated)}\nEOF\n"
     )
     ctk.chmod(0o755)
-    edits = discover_driver_edits(sim_root, nvidia_ctk=str(ctk))
+    edits = discover_driver_edits(sim_root, nvidia_ctk=str(ctk), hook_path="/usr/bin/nvidia-cdi-hook")
     assert edits.source == "nvidia-ctk"
     assert [h.path for h in edits.hooks] == ["/usr/bin/nvidia-cdi-hook"]
     assert edits.env == ()  # NVIDIA_VISIBLE_DEVICES dropped: visibility is by device nodes
@@ -174,7 +174,9 @@ def test_failing_nvidia_ctk_falls_back_to_own_discovery(tmp_path: Path, sim_root
     ctk = tmp_path / "nvidia-ctk"
     ctk.write_text("#!/bin/sh\necho boom >&2\nexit 3\n")
     ctk.chmod(0o755)
-    assert discover_driver_edits(sim_root, nvidia_ctk=str(ctk)).source == "driver-root"
+    edits = discover_driver_edits(sim_root, nvidia_ctk=str(ctk), hook_path="/usr/bin/nvidia-cdi-hook")
+    assert edits.source == "driver-root"
+    assert edits.hooks  # own discovery still adds NVIDIA's hooks: the hook binary is there
 
 
 def _valid() -> dict[str, Any]:
@@ -304,7 +306,9 @@ def test_nvidia_ctk_paths_are_mapped_to_the_host_root(tmp_path: Path) -> None:
         f"cat > \"$out\" <<'EOF'\n{json.dumps(generated)}\nEOF\n"
     )
     ctk.chmod(0o755)
-    edits = discover_driver_edits(str(root), nvidia_ctk=str(ctk), host_driver_root=HOST_ROOT)
+    edits = discover_driver_edits(
+        str(root), nvidia_ctk=str(ctk), host_driver_root=HOST_ROOT, hook_path="/usr/bin/nvidia-cdi-hook"
+    )
     assert (tmp_path / "args").read_text().strip() == f"--driver-root={root}"
     assert [(m.host_path, m.container_path) for m in edits.mounts] == [
         (f"{HOST_ROOT}/usr/lib/libcuda.so.1", "/usr/lib/libcuda.so.1")

@@ -106,6 +106,9 @@ def test_default_render_has_every_part(helm: str) -> None:
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",  # the plugin's MPS daemon pods, in the release namespace only
+        "RoleBinding",
+        "PodDisruptionBudget",  # the webhook's: a drain never takes its last replica
         "DaemonSet",
         "Deployment",
         "Service",
@@ -148,11 +151,21 @@ def _rules(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
 
 
 def _check_least_privilege(docs: list[dict[str, Any]]) -> None:
-    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
+    roles = [d for d in docs if d["kind"] == "ClusterRole"]
     assert len(roles) == 1, "only the kubelet plugin has a role; the webhook has none"
     assert _rules(roles[0]) == PLUGIN_RULES
     daemonset = _one(docs, "DaemonSet")
     plugin_sa = daemonset["spec"]["template"]["spec"]["serviceAccountName"]
+    # MPS daemons run as pods: the plugin may manage pods in its own namespace, nothing more
+    mps_role = _one(docs, "Role")
+    assert mps_role["metadata"]["namespace"] == NAMESPACE
+    assert mps_role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]}
+    ]
+    mps_binding = _one(docs, "RoleBinding")
+    assert mps_binding["metadata"]["namespace"] == NAMESPACE
+    assert mps_binding["roleRef"]["name"] == mps_role["metadata"]["name"]
+    assert mps_binding["subjects"] == [{"kind": "ServiceAccount", "name": plugin_sa, "namespace": NAMESPACE}]
     binding = _one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -250,9 +263,14 @@ def test_kubelet_plugin_daemonset(helm: str) -> None:
     assert env["CONTAINER_DRIVER_ROOT"] == "/driver-root"
     assert env["HTTP_ENDPOINT"] == ":8080" and env["CDI_ROOT"] == "/var/run/cdi"
     assert env["KUBELET_PLUGINS_DIRECTORY_PATH"] == "/var/lib/kubelet/plugins"
-    assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-    assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert {p["name"]: p["containerPort"] for p in ctr["ports"]} == {"http": 8080}
+    # gRPC health probes on their own port, each with a timeout (they never queue behind prepare work)
+    assert env["HEALTHCHECK_PORT"] == "51515" and env["DEVICE_HEALTH_TAINT_EFFECT"] == "NoSchedule"
+    assert ctr["startupProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
+    assert ctr["livenessProbe"]["grpc"] == {"port": 51515, "service": "liveness"}
+    assert ctr["readinessProbe"]["grpc"] == {"port": 51515, "service": "readiness"}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert ctr[probe]["timeoutSeconds"] == 5
+    assert {p["name"]: p["containerPort"] for p in ctr["ports"]} == {"http": 8080, "health": 51515}
     assert ctr["resources"]["requests"] == {"cpu": "50m", "memory": "128Mi"}
     assert ctr["command"] == ["dra-gpu", "kubelet-plugin"]
 
@@ -318,12 +336,14 @@ def _slice_request(
     slice_node: str | None,
     operation: str = "CREATE",
     driver: str = "gpu.nvidia.com",
+    pool: str | None = None,
 ) -> dict[str, Any]:
     # The API server leaves `extra` out entirely when the user has none.
     user_info: dict[str, Any] = {"username": user}
     if writer_node:
         user_info["extra"] = {"authentication.kubernetes.io/node-name": [writer_node]}
-    obj = {"spec": {"driver": driver, **({"nodeName": slice_node} if slice_node else {"allNodes": True})}}
+    where = {"nodeName": slice_node} if slice_node else {"allNodes": True}
+    obj = {"spec": {"driver": driver, **where, "pool": {"name": pool or slice_node or "cluster"}}}
     request = {"operation": operation, "userInfo": user_info}
     if operation == "DELETE":
         return {**request, "object": None, "oldObject": obj}
@@ -338,12 +358,12 @@ def test_resource_slice_policy_keeps_plugins_to_their_node(helm: str) -> None:
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["resourceslices"]
     sa = _plugin(docs)[0]["serviceAccountName"]
     plugin = f"system:serviceaccount:{NAMESPACE}:{sa}"
-    assert _policy_verdicts(policy, _slice_request(plugin, "node-a", "node-a")) == [True, True, True]
-    assert _policy_verdicts(policy, _slice_request(plugin, "node-a", "node-a", "DELETE")) == [
-        True,
-        True,
-        True,
-    ]
+    assert _policy_verdicts(policy, _slice_request(plugin, "node-a", "node-a")) == [True, True, True, True]
+    assert _policy_verdicts(policy, _slice_request(plugin, "node-a", "node-a", "DELETE")) == [True] * 4
+    # Its own node, but a pool named after another node: only the pool rule says no.
+    assert _policy_verdicts(policy, _slice_request(plugin, "node-a", "node-a", pool="node-b")) == [
+        True, True, True, False,
+    ]  # fmt: skip
     assert not all(_policy_verdicts(policy, _slice_request(plugin, "node-a", "node-b")) or [True])
     assert not all(_policy_verdicts(policy, _slice_request(plugin, "node-a", "node-b", "DELETE")) or [True])
     assert not all(_policy_verdicts(policy, _slice_request(plugin, "node-a", None)) or [True])
@@ -411,7 +431,43 @@ def test_webhook_with_helm_generated_certificate(helm: str) -> None:
 
 def test_webhook_disabled(helm: str) -> None:
     docs = _template(helm, "webhook.enabled=false")
-    assert not _kinds(docs) & {"Deployment", "Service", "ValidatingWebhookConfiguration", "Certificate"}
+    gone = {"Deployment", "Service", "ValidatingWebhookConfiguration", "Certificate", "PodDisruptionBudget"}
+    assert not _kinds(docs) & gone
+
+
+def test_webhook_match_conditions_are_the_tested_ones(helm: str) -> None:
+    """The chart's matchConditions are, character for character, those the apiserver test proves."""
+    from dra_gpu.webhook.match_conditions import MATCH_CONDITIONS
+
+    (hook,) = _one(_template(helm), "ValidatingWebhookConfiguration")["webhooks"]
+    assert hook["matchConditions"] == list(MATCH_CONDITIONS)
+    assert hook["failurePolicy"] == "Fail", "what the webhook does match stays fail-closed"
+
+
+def test_webhook_survives_one_pod_down(helm: str) -> None:
+    docs = _template(helm)
+    deployment = _one(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 2
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+    assert selector.items() <= pod.get("labels", deployment["spec"]["template"]["metadata"]["labels"]).items()
+    pdb = _one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    (ctr,) = pod["containers"]
+    assert ctr["livenessProbe"]["timeoutSeconds"] > 0 and ctr["readinessProbe"]["timeoutSeconds"] > 0
+    # A user's own affinity replaces the default; the PDB can be turned off.
+    custom = _template(
+        helm,
+        "webhook.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].key=pool",
+        "webhook.podDisruptionBudget.enabled=false",
+    )
+    affinity = _one(custom, "Deployment")["spec"]["template"]["spec"]["affinity"]
+    assert "podAntiAffinity" not in affinity and "nodeAffinity" in affinity
+    assert "PodDisruptionBudget" not in _kinds(custom)
 
 
 # ------------------------------------------------------------------------------------ invalid values
@@ -505,8 +561,14 @@ def test_values_file_fits_its_schema_keys() -> None:
 # ------------------------------------------------------------------------- chart <-> program contract
 def _help_env_vars(*command: str) -> set[str]:
     """Environment variables a dra-gpu sub-command documents in its --help as `[NAME]` or `[A / B]`."""
-    out = subprocess.run([sys.executable, "-m", "dra_gpu.cli.main", *command, "--help"], capture_output=True,
-                         text=True, timeout=60, check=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "dra_gpu.cli.main", *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=REPO,
+    )
     names: set[str] = set()
     for group in re.findall(r"\[([A-Z0-9_ /]+)\]", out.stdout):
         names.update(n.strip() for n in group.split("/") if n.strip())
@@ -519,14 +581,21 @@ def test_every_env_var_the_chart_sets_is_read_by_the_plugin(helm: str) -> None:
     unread = {e["name"] for e in ctr["env"]} - read
     assert unread == set(), (
         f"the chart sets {sorted(unread)} on the kubelet plugin, but `dra-gpu kubelet-plugin --help` "
-        f"documents reading only {sorted(read)}")
+        f"documents reading only {sorted(read)}"
+    )
     # The host's driver root is mounted at /driver-root: the plugin must look there, and name host paths.
     assert {"CONTAINER_DRIVER_ROOT", "NVIDIA_DRIVER_ROOT"} <= read
 
 
 def test_webhook_args_are_flags_of_the_program(helm: str) -> None:
     (ctr,) = _one(_template(helm), "Deployment")["spec"]["template"]["spec"]["containers"]
-    out = subprocess.run([sys.executable, "-m", "dra_gpu.cli.main", "webhook", "--help"], capture_output=True,
-                         text=True, timeout=60, check=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "dra_gpu.cli.main", "webhook", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=REPO,
+    )
     for arg in ctr["args"]:
         assert arg.split("=", 1)[0] in out.stdout, f"dra-gpu webhook has no flag {arg}"

@@ -89,12 +89,12 @@ def _as_plugin(kube_apiserver: Any, user: str, node: str | None) -> Any:
     return api_client
 
 
-def _slice(name: str, node: str, driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+def _slice(name: str, node: str, driver: str = "gpu.nvidia.com", pool: str | None = None) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": name},
-        "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1,
+        "spec": {"driver": driver, "nodeName": node, "pool": {"name": pool or node, "generation": 1,
                                                               "resourceSliceCount": 1}, "devices": []},
     }
 
@@ -157,11 +157,35 @@ def test_plugin_may_write_only_its_own_nodes_slices(kube_apiserver: Any, namespa
         assert foreign_driver.value.status == 403
         assert "may only write ResourceSlices of driver gpu.nvidia.com" in str(foreign_driver.value.body)
 
+        # A pool named after another node, on its own node: denied.
+        with pytest.raises(ApiException) as foreign_pool:
+            on_a.create_resource_slice(_slice(f"f-{suffix}", "node-a", pool="node-b"))
+        assert foreign_pool.value.status == 403
+        assert "may only publish the pool named after its node, not node-b" in str(foreign_pool.value.body)
+
         # Deleting: its own slice yes, another node's (made by the admin) no.
         admin_resource.create_resource_slice(_slice(f"d-{suffix}", "node-b"))
         with pytest.raises(ApiException) as delete_other:
             on_a.delete_resource_slice(f"d-{suffix}")
         assert delete_other.value.status == 403
+
+        # Changing another node's slice: denied. Moving it to node-a is no way around that: nodeName and the
+        # pool name are immutable (the API server refuses before admission).
+        theirs = admin_resource.read_resource_slice(f"d-{suffix}")
+        theirs.spec.pool.generation = 2
+        with pytest.raises(ApiException) as update_other:
+            on_a.replace_resource_slice(f"d-{suffix}", theirs)
+        assert update_other.value.status == 403, update_other.value.body
+        assert "not those of node node-b" in str(update_other.value.body), update_other.value.body
+        taken = _slice(f"d-{suffix}", "node-a")
+        taken["metadata"]["resourceVersion"] = theirs.metadata.resource_version
+        with pytest.raises(ApiException) as move_other:
+            on_a.replace_resource_slice(f"d-{suffix}", taken)
+        assert move_other.value.status in (403, 422) and "immutable" in str(move_other.value.body)
+        # Its own slice it may update.
+        own = on_a.read_resource_slice(f"a-{suffix}")
+        own.spec.pool.generation = 2
+        on_a.replace_resource_slice(f"a-{suffix}", own)
         admin_resource.delete_resource_slice(f"d-{suffix}")
         on_a.delete_resource_slice(f"a-{suffix}")
 
@@ -180,7 +204,7 @@ def test_plugin_may_write_only_its_own_nodes_slices(kube_apiserver: Any, namespa
             core.list_namespaced_secret(namespace)
         assert secrets.value.status == 403
     finally:
-        for name in (f"a-{suffix}", f"b-{suffix}", f"c-{suffix}", f"d-{suffix}", f"e-{suffix}"):
+        for name in (f"{x}-{suffix}" for x in "abcdef"):
             with contextlib.suppress(ApiException):
                 admin_resource.delete_resource_slice(name)
         _delete_cluster_objects(admin, created)

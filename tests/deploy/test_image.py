@@ -6,9 +6,13 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 from .manifest_walk import REPO
 
@@ -71,9 +75,15 @@ def test_dockerfile_copies_only_existing_allowed_files() -> None:
     copies = [line.split()[1:-1] for line in dockerfile.splitlines()
               if line.startswith("COPY ") and "--from=" not in line]
     assert copies, "the Dockerfile copies nothing from the build context"
+    build_script = (IMAGE_DIR / "build.sh").read_text()
     for sources in copies:
         for src in sources:
-            assert (REPO / src).exists(), f"Dockerfile copies {src}, which does not exist"
+            if src.startswith("build/"):
+                # Staged into the (git-ignored) build/ directory by build.sh before it runs the build.
+                staged = str(Path(src).parent)
+                assert f'"$REPO/{staged}' in build_script, f"build.sh never stages {src}"
+            else:
+                assert (REPO / src).exists(), f"Dockerfile copies {src}, which does not exist"
             assert _dockerignore_allows(src), f".dockerignore excludes {src}, which the Dockerfile copies"
     assert re.search(r"^USER 65532", dockerfile, re.M), "the image's default user must be non-root"
     assert "org.opencontainers.image.version" in dockerfile
@@ -93,3 +103,36 @@ def test_build_script_explains_a_missing_builder(tmp_path: Path) -> None:
     assert out.returncode == 1
     for line in ("docker is not installed", "podman is not installed", "buildah is not installed"):
         assert line in out.stderr, out.stderr
+
+
+def _pyproject_version() -> str:
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
+
+
+def test_cli_prints_its_version() -> None:
+    out = subprocess.run([sys.executable, "-m", "dra_gpu.cli.main", "--version"], capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.strip() == f"dra-gpu {_pyproject_version()}"
+
+
+@pytest.mark.skipif(shutil.which("buildah") is None, reason="no buildah: `make image` has not run here")
+def test_built_image_runs_both_entry_points() -> None:
+    """The image `make image` built (buildah storage) runs `dra-gpu --version`, the webhook's and the plugin's
+    entry points, as its default non-root user; skipped when that image is not there."""
+    image = f"dra-gpu:{_pyproject_version()}"
+    if subprocess.run(["buildah", "inspect", "--type", "image", image], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip(f"no image {image}: run `make image`")
+    ctr = subprocess.run(["buildah", "from", "--quiet", image], capture_output=True, text=True, check=True,
+                         timeout=120).stdout.strip()
+    try:
+        def run(*argv: str) -> str:
+            return subprocess.run(["buildah", "run", "--isolation", "chroot", ctr, "--", *argv],
+                                  capture_output=True, text=True, check=True, timeout=120).stdout
+        assert run("dra-gpu", "--version").strip() == f"dra-gpu {_pyproject_version()}"
+        assert "--tls-cert-file" in run("dra-gpu", "webhook", "--help")
+        assert "--nvidia-cdi-hook-path" in run("dra-gpu", "kubelet-plugin", "--help")
+        assert run("nvidia-ctk", "--version").startswith("NVIDIA Container Toolkit CLI version")
+        assert run("id", "-u").strip() == "65532"
+    finally:
+        subprocess.run(["buildah", "rm", ctr], capture_output=True, check=False, timeout=120)

@@ -9,12 +9,15 @@ from types import ModuleType
 import pytest
 
 from tests.support.control_plane import (
+    REPO_ROOT,
     ControlPlane,
     ControlPlaneError,
     Pki,
     feature_gate_flag,
+    kubernetes_versions_under_test,
     parse_feature_gates_help,
     read_versions,
+    selected_kubernetes_version,
 )
 
 
@@ -67,6 +70,52 @@ def test_versions_file_pins_every_component() -> None:
     versions = read_versions()
     for key in ("KUBERNETES_VERSION", "ETCD_VERSION", "CONTAINERD_VERSION", "RUNC_VERSION"):
         assert versions[key].startswith("v"), key
+
+
+def test_tested_versions_are_the_oldest_supported_and_the_newest_minor() -> None:
+    tested = kubernetes_versions_under_test()
+    minors = [int(v.split(".")[1]) for v in tested]
+    assert minors == sorted(minors) and len(tested) >= 2
+    assert minors[0] == 34  # resource.k8s.io/v1 (the only API the driver speaks) is GA since 1.34
+    assert read_versions()["KUBERNETES_VERSION"] in tested
+
+
+@pytest.mark.parametrize(
+    ("requested", "expected"),
+    [
+        ("", "v1.37.2"),
+        ("1.34", "v1.34.12"),
+        ("v1.37", "v1.37.2"),
+        ("v1.36.3", "v1.36.3"),
+        ("1.36.3", "v1.36.3"),
+    ],
+)
+def test_kubernetes_version_selection_matches_the_shell_helper(requested: str, expected: str) -> None:
+    versions = {"KUBERNETES_VERSIONS": "v1.34.12,v1.37.2", "KUBERNETES_VERSION": "v1.37.2"}
+    assert selected_kubernetes_version({"KUBERNETES_VERSION": requested}, versions) == expected
+    script = (
+        "KUBERNETES_VERSIONS=v1.34.12,v1.37.2; KUBERNETES_VERSION=v1.37.2; "
+        "KUBERNETES_STAGING_VERSION=v0.37.2; "
+        f'source "{REPO_ROOT}/e2e/cluster/k8s-version.sh"; select_kubernetes_version "$1" && '
+        'echo "$KUBERNETES_VERSION $KUBERNETES_STAGING_VERSION"'
+    )
+    out = subprocess.run(
+        ["bash", "-c", script, "bash", requested], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == [expected, "v0." + expected.removeprefix("v1.")]
+
+
+@pytest.mark.parametrize("requested", ["1.36", "banana", "v1.x.0"])
+def test_unknown_kubernetes_version_is_refused_with_the_fix(requested: str) -> None:
+    versions = {"KUBERNETES_VERSIONS": "v1.34.12,v1.37.2", "KUBERNETES_VERSION": "v1.37.2"}
+    with pytest.raises(ControlPlaneError, match="KUBERNETES_VERSION="):
+        selected_kubernetes_version({"KUBERNETES_VERSION": requested}, versions)
+    script = (
+        "KUBERNETES_VERSIONS=v1.34.12,v1.37.2; KUBERNETES_VERSION=v1.37.2; "
+        f'source "{REPO_ROOT}/e2e/cluster/k8s-version.sh"; select_kubernetes_version "$1"'
+    )
+    out = subprocess.run(["bash", "-c", script, "bash", requested], capture_output=True, text=True)
+    assert out.returncode == 1 and "KUBERNETES_VERSION=" in out.stderr
 
 
 def test_pki_issues_a_server_certificate_the_ca_verifies(tmp_path: Path) -> None:

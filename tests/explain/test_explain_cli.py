@@ -171,3 +171,60 @@ def test_hardware_inventory_equals_build_slices_per_node() -> None:
         shutil.rmtree(root, ignore_errors=True)
     expected = build_slices(model, "node-0", (1, 36)) + build_slices(model, "node-1", (1, 36))
     assert inventory.slices == expected
+
+
+def test_output_names_the_modeled_kubernetes_release(tmp_path: Path) -> None:
+    write(tmp_path / "c.yaml", [claim("one", exactly("gpu"))])
+    args = ["explain", "-f", str(tmp_path / "c.yaml"), "--hardware", "dgx-a100"]
+    table = dra_gpu(*args)
+    assert table.returncode == 0, table.stderr
+    assert "Semantics: kube-scheduler of Kubernetes 1.37" in table.stdout
+    report = json.loads(dra_gpu(*args, "-o", "json").stdout)
+    assert report["kubernetesVersion"] == "1.37"
+    assert not any("slice layout only" in note for note in report["notes"])
+    older = json.loads(dra_gpu(*args, "--kubernetes-version", "1.34", "-o", "json").stdout)
+    assert older["kubernetesVersion"] == "1.37"
+    assert any("sets the slice layout only" in note for note in older["notes"])
+    assert "Kubernetes 1.34 slice layout" in older["inventory"]["source"]
+    refused = dra_gpu(*args, "--kubernetes-version", "1.33")
+    assert refused.returncode == 2 and "supported are 1.34 to 1.37" in refused.stderr
+
+
+def test_list_attribute_constraints_from_slice_files(tmp_path: Path) -> None:
+    # NVIDIA's NUMA attribute in its DRAListTypeAttributes form: a one-element `ints` list per GPU.
+    numa = "resource.kubernetes.io/numaNode"
+    devices = [device(f"gpu-{i}", attributes={numa: {"ints": [i // 2]}}) for i in range(4)]
+    write(tmp_path / "slices.yaml", [resource_slice("s", "n1", devices)])
+    write(
+        tmp_path / "c.yaml",
+        [
+            claim("pair", exactly("gpu", count=2), constraints=[{"matchAttribute": numa}]),
+            claim("spread", exactly("gpu", count=3), constraints=[{"distinctAttribute": numa}]),
+        ],
+    )
+    done = dra_gpu(
+        "explain", "-f", str(tmp_path / "c.yaml"), "--slices", str(tmp_path / "slices.yaml"), "-o", "json"
+    )
+    claims = {c["name"]: c for c in json.loads(done.stdout)["claims"]}
+    assert claims["pair"]["requests"][0]["allocated"] == ["n1/gpu-0", "n1/gpu-1"]
+    assert not claims["spread"]["allocatable"]  # only two NUMA nodes
+
+
+def test_shared_gpu_claims_carry_the_mps_isolation_caveats() -> None:
+    example = Path(__file__).parents[2] / "examples" / "gpu-share-capacity" / "gpu-share-capacity.yaml"
+    done = dra_gpu("explain", "--hardware", "dgx-h100", "-f", str(example), "-o", "json")
+    assert done.returncode == 0, done.stderr
+    claims = json.loads(done.stdout)["claims"]
+    assert claims and all(c["isolation"] for c in claims)
+    joined = " ".join(claims[0]["isolation"])
+    assert "can only lower" in joined and "fatal GPU exception" in joined and "MIG" in joined
+    table = dra_gpu("explain", "--hardware", "dgx-h100", "-f", str(example))
+    assert "  isolation: faults:" in table.stdout
+
+
+def test_whole_gpu_claims_without_mps_have_no_isolation_caveats(tmp_path: Path) -> None:
+    path = tmp_path / "claims.yaml"
+    path.write_text(CLAIMS)
+    done = dra_gpu("explain", "--hardware", "dgx-h100", "-f", str(path), "-o", "json")
+    assert done.returncode == 0, done.stderr
+    assert [c["isolation"] for c in json.loads(done.stdout)["claims"]] == [[], []]

@@ -206,3 +206,33 @@ def test_registration_failure_is_reported_unmonitored(root: Path) -> None:
         assert events.gpus[2] not in events.registered and len(events.registered) == 7
     finally:
         events.close()
+
+
+def test_double_bit_ecc_event_is_read_as_xid_48_and_needs_a_reset(root: Path) -> None:
+    _nvml(root)
+    events = NvmlHealthEvents(open_simulated_nvml(root))
+    try:
+        events.register()
+        assert _cli(root, "xid", "--gpu", "2", "--xid", "48", "--ecc-event").returncode == 0
+        event = events.wait(2.0)
+        assert event is not None and event.gpu_uuid == events.gpus[2] and event.xid == 48 and event.whole_gpu
+        probe = events.probe(events.gpus[2])
+        assert probe.answering and probe.reset_required and probe.recovery_known
+        assert _cli(root, "recover", "--gpu", "2").returncode == 0
+        probe = events.probe(events.gpus[2])
+        assert probe.recovery_known and not probe.reset_required
+    finally:
+        events.close()
+
+
+def test_latency_fault_slows_a_call_without_failing_it(root: Path) -> None:
+    nvml = _nvml(root)
+    done = _cli(root, "fault", "--index", "1", "--function", "nvmlDeviceGetUUID", "--delay-seconds", "0.4")
+    assert done.returncode == 0, done.stderr
+    began = time.monotonic()
+    nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(1))
+    assert time.monotonic() - began >= 0.4
+    began = time.monotonic()
+    nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(0))  # other GPUs are not slowed
+    assert time.monotonic() - began < 0.4
+    assert _cli(root, "fault", "--index", "1", "--delay-seconds", "-1").returncode != 0

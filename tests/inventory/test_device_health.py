@@ -117,11 +117,43 @@ def test_taints_are_deduplicated_and_ordered_most_severe_first() -> None:
 def test_recovery_needs_answers_no_reset_and_a_quiet_period() -> None:
     policy = HealthPolicy(recovery_quiet_s=60)
     health = record_xid(None, _xid(79))
-    answering = GpuProbe(GPU0, answering=True, reset_required=False)
-    assert after_probe(health, GpuProbe(GPU0, True, reset_required=True), T0 + 600, policy).xids
+    answering = GpuProbe(GPU0, answering=True, reset_required=False, recovery_known=True)
+    needs_reset = GpuProbe(GPU0, True, reset_required=True, recovery_known=True)
+    assert after_probe(health, needs_reset, T0 + 600, policy).xids
     assert after_probe(health, answering, T0 + 30, policy).xids  # too soon after the XID
     assert after_probe(health, answering, T0 + 60, policy).clean
     assert after_probe(health, answering, T0 + 10**6, HealthPolicy(recovery_quiet_s=-1)).xids  # never
+
+
+def test_without_recovery_action_the_clock_alone_never_clears_a_taint() -> None:
+    """A driver that cannot report the recovery action: the taint waits for a reset to be seen."""
+    policy = HealthPolicy(recovery_quiet_s=60)
+    health = record_xid(None, _xid(48))
+    unknown = GpuProbe(GPU0, answering=True, reset_required=False)  # field not supported
+    assert after_probe(health, unknown, T0 + 10**6, policy).xids
+    # The GPU drops off (being reset) and comes back: that is the proof.
+    during = after_probe(health, GpuProbe(GPU0, False, True, "GPU is lost"), T0 + 100, policy)
+    assert during.reset_seen and during.xids
+    assert after_probe(during, unknown, T0 + 200, policy).clean
+    # A new XID after the reset needs its own proof.
+    again = record_xid(during, XidEvent(GPU0, 79, time=T0 + 150))
+    assert not again.reset_seen and after_probe(again, unknown, T0 + 10**6, policy).xids
+    # The reset-seen mark survives a plugin restart.
+    assert health_from_json(health_to_json({GPU0: during}))[GPU0].reset_seen
+
+
+def test_fatal_effect_noexecute() -> None:
+    policy = HealthPolicy(fatal_effect="NoExecute")
+    lost = after_probe(record_xid(None, _xid(48)), GpuProbe(GPU0, False, True), T0, policy)
+    lost = record_xid(lost, _xid(13))
+    effects = {(t.key, t.effect) for t in device_taints(MODEL, {GPU0: lost}, policy)["gpu-0"]}
+    assert effects == {
+        ("gpu.nvidia.com/xid", "NoExecute"),
+        ("gpu.nvidia.com/gpu-lost", "NoExecute"),
+        ("gpu.nvidia.com/xid", "None"),  # an ignorable XID stays informational
+    }
+    with pytest.raises(ValueError, match="NoSchedule, NoExecute"):
+        HealthPolicy(fatal_effect="PreferNoSchedule")  # type: ignore[arg-type]
 
 
 def test_lost_gpu_comes_back_when_nvml_answers() -> None:

@@ -197,3 +197,17 @@ def test_static_mig_mode_ignores_the_owned_set(hw: NvmlHardware) -> None:
     plain = build_device_model(discovery, options)
     assert build_device_model(discovery, options, owned_mig={(gpu.uuid, instance.gi_id)}) == plain
     assert [d.name for d in plain.devices] == ["gpu-0-mig-2g20gb-14-2"]
+
+
+def test_gpu_in_mig_mode_is_not_offered_whole(hw: NvmlHardware) -> None:
+    """MIG mode switched on out of band (or left on): no MIG device yet, but CUDA would see no whole GPU."""
+    before = build_device_model(hw.discover()).by_name()
+    gpu = _gpu(hw)
+    assert "gpu-0" in before and "gpu-0-shared" in before
+    hw.set_mig_mode(gpu.uuid, True)
+    model = build_device_model(hw.discover())
+    names = model.by_name()
+    assert "gpu-0" not in names and "gpu-0-shared" not in names
+    assert any(d.kind is DeviceKind.MIG_DYNAMIC and d.parent_minor == 0 for d in model.devices)
+    hw.set_mig_mode(gpu.uuid, False)
+    assert "gpu-0" in build_device_model(hw.discover()).by_name()

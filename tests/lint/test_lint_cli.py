@@ -177,3 +177,36 @@ def test_unknown_kind_in_resource_group(tmp_path: Path) -> None:
 def test_unreadable_input_is_exit_2(tmp_path: Path) -> None:
     done = lint(tmp_path / "missing.yaml")
     assert done.returncode == 2 and "no such file" in done.stderr
+
+
+def test_kubernetes_version_selects_the_cel_release(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(claim_with("device.attributes['resource.kubernetes.io'].numaNode.includes(0)"))
+    newest = subprocess.run(
+        [sys.executable, "-m", "dra_gpu.cli.main", "lint", "-o", "json", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert newest.returncode == 0, newest.stdout + newest.stderr
+    assert json.loads(newest.stdout) == {"kubernetesVersion": "1.37", "findings": []}
+    args = [sys.executable, "-m", "dra_gpu.cli.main", "lint", "--kubernetes-version", "1.36", str(path)]
+    old = subprocess.run(args, capture_output=True, text=True)
+    assert old.returncode == 1
+    assert (
+        "includes() needs Kubernetes 1.37, or 1.36 with the DRAListTypeAttributes feature gate" in old.stdout
+    )
+    gated = subprocess.run(
+        [*args, "--feature-gates", "DRAListTypeAttributes=true"], capture_output=True, text=True
+    )
+    assert gated.returncode == 0 and "Kubernetes 1.36 (DRAListTypeAttributes on)" in gated.stdout
+
+
+def test_unsupported_kubernetes_version_is_bad_input(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(GOOD)
+    done = subprocess.run(
+        [sys.executable, "-m", "dra_gpu.cli.main", "lint", "--kubernetes-version", "1.31", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "supported are 1.34 to 1.37" in done.stderr

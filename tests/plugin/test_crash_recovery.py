@@ -149,3 +149,60 @@ def test_checkpoint_from_before_a_reboot_is_discarded_with_its_mig_devices(
     assert node.checkpoint()["claims"] == {}
     assert node.mig_instances() == []  # not owned by any claim of this boot
     assert node.cdi_files() == []
+
+
+@pytest.mark.parametrize("step", ["time-slice-recorded", "prepare-group-0-applied"])
+def test_time_slice_of_a_claim_deleted_while_down_is_reset_at_start(
+    step: str, start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """Killed after the time-slice holder was recorded (before, resp. after, the interval was set) and
+    before the claim was checkpointed; the claim is gone when the plugin is back: no interval stays set and
+    no holder stays recorded."""
+    name, uid = claims.make("crash", [Result("gpu", "gpu-2")], [opaque(time_slicing("Long"), ["gpu"])])
+    claim = ClaimId("crash", uid, name)
+    doomed = start_plugin(env={"DRA_GPU_FAULT_KILL_AT": step})
+    kubelet = KubeletClient(node.registration_socket)
+    crash(doomed, lambda: kubelet.prepare([claim]))
+    kubelet.close()
+    if step == "prepare-group-0-applied":
+        assert list(node.timeslices().values()) == [3]  # the crash window: set, not yet checkpointed
+
+    claims.delete("crash", claim.name)  # the pod went away while the plugin was down
+    start_plugin()
+    deadline = time.monotonic() + 20
+    while (node.checkpoint()["claims"] or node.timeslices()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert_clean(node)
+    registry = json.loads((node.plugin_dir / "sharing-registry.json").read_text())
+    assert registry["timeSlice"] == {}
+
+
+def test_replayed_unprepare_leaves_a_mig_device_that_reuses_the_ids_alone(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """Killed after the claim's MIG device was destroyed, before the checkpoint said so; meanwhile an
+    administrator made a MIG device that got the same GPU-instance/compute-instance ids. The replayed
+    unprepare (the kubelet retries) identifies ours by its MIG uuid and leaves theirs alone."""
+    from dra_gpu.hardware.loader import open_hardware
+
+    name, uid = claims.make("crash", [Result("mig", MIG_DEVICE)])
+    claim = ClaimId("crash", uid, name)
+    doomed = start_plugin(env={"DRA_GPU_FAULT_KILL_AT": "unprepare-group-0"})
+    kubelet = KubeletClient(node.registration_socket)
+    assert kubelet.prepare([claim]).claims[uid].error == ""
+    ((parent, ours_gi),) = node.mig_instances()
+    crash(doomed, lambda: kubelet.unprepare([claim]))
+    kubelet.close()
+    assert node.mig_instances() == [] and uid in node.checkpoint()["claims"]
+
+    hardware = open_hardware(node.hardware, str(node.driver_root))
+    theirs = hardware.create_mig_device(parent, 19, 0)  # 1g.10gb at placement 0, as ours was
+    assert (theirs.parent_uuid, theirs.gi_id) == (parent, ours_gi)  # the ids came back
+
+    start_plugin()
+    kubelet = KubeletClient(node.registration_socket)
+    assert kubelet.unprepare([claim]).claims[uid].error == ""
+    kubelet.close()
+    assert node.checkpoint()["claims"] == {} and node.cdi_files() == []
+    assert [i.uuid for i in hardware.list_mig_devices(parent)] == [theirs.uuid]
+    hardware.destroy_mig_device(parent, theirs.gi_id, theirs.ci_id)

@@ -179,3 +179,28 @@ def test_taints_survive_a_plugin_restart_until_the_gpu_is_reset(
     node.hardware_cli("recover", "--gpu", "1")
     _wait("taints gone after the reset", _untainted(claims, node), timeout=10)
     print(f"reset -> taints removed in {time.monotonic() - first_reset:.2f}s")
+
+
+def test_double_bit_ecc_taints_noexecute_and_only_a_reset_clears_it(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """A DBE (as an NVML ECC event) on a driver that cannot report the recovery action: NoExecute taint, and
+    the quiet period passing proves nothing; the reset does."""
+    start_plugin(extra_args=[*FAST, "--device-health-taint-effect", "NoExecute"])
+    _wait("first publication", _untainted(claims, node), timeout=60)
+    # older driver: NVML_FI_DEV_GET_GPU_RECOVERY_ACTION not supported (NVML_ERROR_NOT_SUPPORTED = 3)
+    node.hardware_cli("fault", "--index", "4", "--function", "nvmlDeviceGetFieldValues", "--error", "3")
+    node.hardware_cli("xid", "--gpu", "4", "--xid", "48", "--ecc-event", "--no-reset-required")
+    taints = _wait("DBE taint on gpu-4", _tainted(claims, node, 4, "gpu.nvidia.com/xid", "48"), timeout=10)
+    assert {t["effect"] for n, ts in taints.items() if n.startswith("gpu-4") for t in ts} == {"NoExecute"}
+    kubelet = KubeletClient(node.registration_socket)
+    try:
+        _wait("UNHEALTHY", lambda: _health(kubelet)["gpu-4"][0] == UNHEALTHY)
+        time.sleep(2.0)  # well past the 1 s quiet period: NVML answers, no reset asked, yet nothing proven
+        assert _tainted(claims, node, 4, "gpu.nvidia.com/xid", "48")()
+        assert _health(kubelet)["gpu-4"][0] == UNHEALTHY
+        node.hardware_cli("recover", "--gpu", "4")
+        _wait("taints gone after the reset", _untainted(claims, node), timeout=10)
+        _wait("HEALTHY again", lambda: _health(kubelet)["gpu-4"][0] == HEALTHY)
+    finally:
+        kubelet.close()

@@ -86,8 +86,15 @@ def test_out_of_band_mig_device_is_published_and_hides_what_it_overlaps(
     finally:
         kubelet.close()
 
-    # Once the administrator destroys it, the GPU is whole again.
+    # Once the administrator destroys it, every placement is free again, but the GPU is offered whole only
+    # once MIG mode is off too (in MIG mode CUDA sees no whole GPU).
     hardware.destroy_mig_device(theirs.parent_uuid, theirs.gi_id, theirs.ci_id)
+    plugin.proc.send_signal(signal.SIGHUP)
+    freed = claims.wait_published(
+        lambda d: "gpu-2-mig-2g20gb-14-2" in d and "uuid" not in d["gpu-2-mig-2g20gb-14-2"]["attributes"]
+    )
+    assert "gpu-2" not in freed and "gpu-2-shared" not in freed
+    hardware.set_mig_mode(theirs.parent_uuid, False)
     plugin.proc.send_signal(signal.SIGHUP)
     assert set(claims.wait_published(lambda d: "gpu-2" in d)) == set(before)
 

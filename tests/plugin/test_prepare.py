@@ -276,6 +276,7 @@ def test_sigterm_removes_sockets_and_exits_cleanly(
 def test_http_health_and_metrics(
     start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
 ) -> None:
+    import time
     import urllib.error
     import urllib.request
 
@@ -284,12 +285,29 @@ def test_http_health_and_metrics(
     port, probe_port = free_port(), free_port()
     process = start_plugin(http_port=port, extra_args=["--healthcheck-port", str(probe_port)])
     base = f"http://127.0.0.1:{port}"
-    for url in (f"{base}/healthz", f"{base}/readyz", f"http://127.0.0.1:{probe_port}/healthz"):
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            assert resp.status == 200 and resp.read() == b"ok\n"
-    with pytest.raises(urllib.error.HTTPError) as not_there:  # the probe port serves no metrics
+    for url in (f"{base}/healthz", f"{base}/readyz"):
+        deadline = time.monotonic() + 20  # the endpoints start just after the sockets appear
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as resp:
+                    assert resp.status == 200 and resp.read() == b"ok\n"
+                break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline, f"{url} never answered 200"
+                time.sleep(0.2)
+    # The health-check port speaks grpc.health.v1 (as NVIDIA's plugin), not HTTP: no metrics there.
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{probe_port}") as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="liveness"), timeout=10, wait_for_ready=True
+        )
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+    import http.client
+
+    with pytest.raises((http.client.HTTPException, OSError)):  # HTTP/1.1 gets no HTTP answer there
         urllib.request.urlopen(f"http://127.0.0.1:{probe_port}/metrics", timeout=10)
-    assert not_there.value.code == 404
     log_line = json.loads(process.log_path.read_text().splitlines()[0])  # structured JSON logs
     assert {"event", "level", "timestamp"} <= set(log_line)
     kubelet = KubeletClient(node.registration_socket)

@@ -190,3 +190,29 @@ def test_start_up_spares_an_admin_device_that_reuses_the_ids_of_one_of_ours(node
     node.hardware.destroy_mig_device(uuid, admin.gi_id, admin.ci_id)
     node.manager().destroy_unowned_mig(set())  # switches MIG mode off again (we switched it on)
     assert node.state().gpus[0].mig_current is False
+
+
+def test_replayed_unprepare_leaves_a_reused_instance_alone(node: SimNode) -> None:
+    """The crash window: claim-1's MIG device was destroyed, the plugin died before its checkpoint said so,
+    and claim-2 then got a MIG device with the same GPU-instance/compute-instance ids. Replaying claim-1's
+    unprepare must not destroy claim-2's device (it is told apart by its MIG uuid)."""
+    manager = node.manager()
+    device = dynamic(node, "1g.10gb", 0)
+    first = manager.prepare_group("claim-1", None, [node.alloc(device.name)])
+    old = first.mig_instances[device.name]
+    node.hardware.destroy_mig_device(old.parent_uuid, old.gi_id, old.ci_id)  # the step before the crash
+    second = manager.prepare_group("claim-2", None, [node.alloc(device.name)])
+    new = second.mig_instances[device.name]
+    assert (new.gi_id, new.ci_id) == (old.gi_id, old.ci_id) and new.uuid != old.uuid  # ids reused
+
+    manager.unprepare_group("claim-1", first.state)  # the replay
+    assert [i.uuid for i in node.hardware.list_mig_devices(node.uuid())] == [new.uuid]
+    # claim-2's instance is still recorded as ours: a crash now would still clean it up at start
+    assert manager.destroy_unowned_mig(set()) == [
+        f"{new.uuid} (GPU {new.parent_uuid} gi={new.gi_id} ci={new.ci_id})"
+    ]
+    assert node.hardware.list_mig_devices(node.uuid()) == []
+    second = manager.prepare_group("claim-2", None, [node.alloc(device.name)])
+    manager.unprepare_group("claim-2", second.state)
+    assert node.hardware.list_mig_devices(node.uuid()) == []
+    assert node.state().gpus[0].mig_current is False  # nothing leaks: MIG mode switched off again

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,11 +61,8 @@ def test_daemon_with_limits_and_complete_undo(node: SimNode) -> None:
     assert daemon["shmMounted"] is True
     assert os.path.realpath(daemon["shmDir"]) in node.mounts_under_plugin_dir()
 
-    assert result.edits.env == (
-        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
-        f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={uuid}=10240M",
-    )
+    # Limits live on the daemon only: a client env could only lower them, and the user's pod env may.
+    assert result.edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)
     assert [(m.host_path, m.container_path) for m in result.edits.mounts] == [
         (daemon["pipeDir"], "/tmp/nvidia-mps"),
         (daemon["shmDir"], "/dev/shm"),
@@ -216,7 +216,7 @@ def test_mps_on_an_on_demand_mig_device(node: SimNode) -> None:
     assert record["visible_devices"] == [instance.uuid]
     assert record["default_pinned_mem_limits"] == {instance.uuid: "1024M"}
     assert node.gpu_state(node.uuid()).compute_mode == int(ComputeMode.DEFAULT)  # a MIG parent is left alone
-    assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={instance.uuid}=1024M" in result.edits.env
+    assert result.edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)
     manager.unprepare_group("claim-1", result.state)
     assert node.leftovers() == []
     assert node.state().gpus[0].gpu_instances == []
@@ -246,22 +246,187 @@ def test_daemons_killed_with_the_plugin_container_are_revived_in_place(node: Sim
         None,
         [node.alloc("gpu-0-shared", share_id="s", consumed_capacity={"compute": "5", "memory": "1Gi"})],
     )
-    old = [group.state["mpsDaemon"]["pid"], manager.describe()["sharedMps"][node.uuid()]["daemon"]["pid"]]
+    old = [group.state["mpsDaemon"]["pid"], share.state["mpsDaemon"]["pid"]]
     for pid in old:  # what a container restart does to the plugin's children
         os.kill(pid, signal.SIGKILL)
     time.sleep(0.1)
     shm = group.state["mpsDaemon"]["shmDir"]
     restarted = node.manager()
     revived = restarted.revive_mps([group.state, share.state])
-    assert sorted(revived) == sorted([group.state["mpsDaemon"]["id"], "shared-gpu-0"])
+    assert sorted(revived) == sorted([group.state["mpsDaemon"]["id"], share.state["mpsDaemon"]["id"]])
     assert restarted.revive_mps([group.state, share.state]) == []  # they answer now
     record = daemon_record(node, group)
     assert record["running"] and record["pid"] not in old
     assert record["default_active_thread_percentage"] == 40
     assert record["default_pinned_mem_limits"] == {node.uuid(): "2048M"}
     assert os.path.realpath(shm) in node.mounts_under_plugin_dir()  # the same tmpfs the containers see
-    restarted.unprepare_group(
-        "claim-1", group.state
-    )  # the checkpoint still has the old pid: the pid file wins
+    # the checkpoint still has the old pid: the record next to the daemon (new pid + start time) wins
+    restarted.unprepare_group("claim-1", group.state)
     restarted.unprepare_group("claim-2", share.state)
     assert node.leftovers() == []
+
+
+def test_a_reused_pid_in_the_record_is_never_signalled(node: SimNode) -> None:
+    """Claim A's daemon died and its pid now belongs to claim B's daemon (an MPS control process too):
+    A's unprepare must not touch it. The pid in A's record and pid file is B's; the start time is A's."""
+    manager = node.manager()
+    a = manager.prepare_group("claim-a", mps_config(), [node.alloc("gpu-0")])
+    b = manager.prepare_group(
+        "claim-b",
+        None,
+        [node.alloc("gpu-0-shared", share_id="s", consumed_capacity={"compute": "5", "memory": "1Gi"})],
+    )
+    a_daemon, b_pid = a.state["mpsDaemon"], b.state["mpsDaemon"]["pid"]
+    os.kill(a_daemon["pid"], signal.SIGKILL)
+    time.sleep(0.1)
+    saved = json.loads((Path(a_daemon["dir"]) / "record.json").read_text())
+    saved["pid"] = b_pid  # what a reused pid looks like from A's side
+    (Path(a_daemon["dir"]) / "record.json").write_text(json.dumps(saved))
+    (Path(a_daemon["pipeDir"]) / "nvidia-cuda-mps-control.pid").write_text(f"{b_pid}\n")
+    reused = {**a_daemon, "pid": b_pid}
+    manager.unprepare_group("claim-a", {**a.state, "mpsDaemon": reused})
+    assert pid_alive(b_pid)
+    assert manager._mps.alive(b.state["mpsDaemon"])
+    manager.unprepare_group("claim-b", b.state)
+    assert node.leftovers() == []
+
+
+def test_a_daemon_killed_by_hand_is_back_with_the_same_limits(node: SimNode) -> None:
+    manager = node.manager()
+    config = mps_config(
+        defaultActiveThreadPercentage=40, defaultPinnedDeviceMemoryLimit="2Gi", multiUser=True
+    )
+    result = manager.prepare_group("claim-1", config, [node.alloc("gpu-0")])
+    daemon = result.state["mpsDaemon"]
+    assert daemon["multiUser"] is True and daemon_record(node, result)["multi_user"] is True
+    os.kill(daemon["pid"], signal.SIGKILL)
+    time.sleep(0.05)
+    started = time.monotonic()
+    report = manager.reconcile_mps([result.state])
+    assert report.restarted == [daemon["id"]] and time.monotonic() - started < 10
+    latest = manager._mps.latest(daemon)
+    assert latest["pid"] != daemon["pid"] and latest["pipeDir"] == daemon["pipeDir"]
+    assert manager._mps.limits_in_force(latest) == {
+        "threadPercentage": 40,
+        "pinnedLimits": {node.uuid(): "2048M"},
+    }
+    assert daemon_record(node, result)["multi_user"] is True
+    assert node.gpu_state(node.uuid()).compute_mode == int(ComputeMode.EXCLUSIVE_PROCESS)
+    manager.unprepare_group("claim-1", result.state)
+    assert node.leftovers() == []
+
+
+def test_a_daemon_that_cannot_be_restarted_is_reported(node: SimNode) -> None:
+    manager = node.manager(mps_ready_timeout_s=0.3)
+    result = manager.prepare_group("claim-1", mps_config(), [node.alloc("gpu-0")])
+    os.kill(result.state["mpsDaemon"]["pid"], signal.SIGKILL)
+    time.sleep(0.05)
+    original = (node.root / "usr" / "bin" / "nvidia-cuda-mps-control").read_text()
+    _replace_control_binary(node, 'echo "broken driver" >&2; exit 1')
+    report = manager.reconcile_mps([result.state])
+    assert list(report.failed) == [result.state["mpsDaemon"]["id"]]
+    gpus, error = report.failed[result.state["mpsDaemon"]["id"]]
+    assert gpus == [node.uuid()] and "broken driver" in error
+    _replace_control_binary(node, original.removeprefix("#!/bin/sh\n"))
+    manager.unprepare_group("claim-1", result.state)
+    assert node.leftovers() == []
+
+
+def test_unprepare_on_a_vanished_gpu_finishes_and_is_cleaned_when_it_returns(node: SimNode) -> None:
+    uuid = node.uuid()
+    node.hardware.set_compute_mode(uuid, ComputeMode.PROHIBITED)
+    manager = node.manager()
+    result = manager.prepare_group("claim-1", mps_config(), [node.alloc("gpu-0")])
+    nvml = node.hardware.nvml_module()
+    nvml.lose_gpu(0)
+    started = time.monotonic()
+    manager.unprepare_group("claim-1", result.state)  # no exception: the kubelet can finish the pod
+    assert time.monotonic() - started < 10
+    assert node.leftovers() == []
+    assert manager.pending_cleanup() == {uuid: int(ComputeMode.PROHIBITED)}
+    assert manager.reconcile_mps([]).restored_modes == []  # still gone
+    nvml.recover_gpu(0)
+    assert manager.reconcile_mps([]).restored_modes == [uuid]
+    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.PROHIBITED)
+    assert manager.pending_cleanup() == {}
+
+
+MPS_PREPARE_STEPS = [
+    "mps-record-written",
+    "mps-shm-mounted",
+    "mps-compute-mode-set",
+    "mps-daemon-started",
+    "mps-limits-set",
+]
+MPS_UNPREPARE_STEPS = ["mps-quit-sent", "mps-shm-unmounted", "mps-modes-restored"]
+
+_CRASH_SCRIPT = """
+import json, os, signal, sys
+from sim_node import SimNode
+from dra_gpu.config.api import decode_opaque_config
+from pathlib import Path
+hardware, root, plugin_dir, step, action, state = sys.argv[1:7]
+node = SimNode(hardware, root=Path(root), plugin_dir=Path(plugin_dir))
+def crash(at):
+    if at == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+manager = node.manager(faults=crash)
+if action == "prepare":
+    config = decode_opaque_config({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}})
+    manager.prepare_group("claim-1", config, [node.alloc("gpu-0")])
+else:
+    manager.unprepare_group("claim-1", json.loads(state))
+"""
+
+
+def _crash_at(node: SimNode, step: str, action: str, state: str = "{}") -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CRASH_SCRIPT,
+            node.hardware_name,
+            str(node.root),
+            str(node.plugin_dir),
+            step,
+            action,
+            state,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+
+@pytest.mark.parametrize("step", MPS_PREPARE_STEPS)
+def test_a_crash_at_each_prepare_step_leaves_nothing_after_restart(node: SimNode, step: str) -> None:
+    uuid = node.uuid()
+    node.hardware.set_compute_mode(uuid, ComputeMode.PROHIBITED)
+    _crash_at(node, step, "prepare")
+    assert node.leftovers() != []  # something was begun (at least the record)
+    restarted = node.manager()  # the plugin's start-up: no checkpoint names the daemon
+    restarted.stop_unowned_mps([])
+    assert node.leftovers() == []
+    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.PROHIBITED)
+    result = restarted.prepare_group("claim-2", mps_config(), [node.alloc("gpu-0")])  # and it works again
+    restarted.unprepare_group("claim-2", result.state)
+    assert node.leftovers() == []
+
+
+@pytest.mark.parametrize("step", MPS_UNPREPARE_STEPS)
+def test_a_crash_at_each_unprepare_step_is_finished_by_the_retry(node: SimNode, step: str) -> None:
+    uuid = node.uuid()
+    node.hardware.set_compute_mode(uuid, ComputeMode.PROHIBITED)
+    result = node.manager().prepare_group("claim-1", mps_config(), [node.alloc("gpu-0")])
+    _crash_at(node, step, "unprepare", json.dumps(result.state))
+    node.manager().unprepare_group("claim-1", result.state)  # the kubelet retries after the restart
+    assert node.leftovers() == []
+    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.PROHIBITED)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import ipaddress
 import json
 import os
 import shutil
@@ -81,16 +82,51 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DRA_GPU_CACHE") or Path.home() / ".cache" / "dra-gpu")
 
 
+def kubernetes_versions_under_test(versions: Mapping[str, str] | None = None) -> list[str]:
+    """KUBERNETES_VERSIONS of versions.env: the releases `make e2e` runs on (oldest supported, newest)."""
+    versions = read_versions() if versions is None else versions
+    listed = [v.strip() for v in versions.get("KUBERNETES_VERSIONS", "").split(",") if v.strip()]
+    return listed or [versions["KUBERNETES_VERSION"]]
+
+
+def selected_kubernetes_version(
+    env: Mapping[str, str] = os.environ, versions: Mapping[str, str] | None = None
+) -> str:
+    """The Kubernetes release in use: $KUBERNETES_VERSION (a full version such as v1.34.12, or a minor of
+    KUBERNETES_VERSIONS such as 1.34), else the default of versions.env. Same rules as k8s-version.sh."""
+    versions = read_versions() if versions is None else versions
+    wanted = (env.get("KUBERNETES_VERSION") or "").strip()
+    if not wanted:
+        return versions["KUBERNETES_VERSION"]
+    wanted = "v" + wanted.removeprefix("v")
+    parts = wanted[1:].split(".")
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        matches = [v for v in kubernetes_versions_under_test(versions) if v.startswith(wanted + ".")]
+        if not matches:
+            raise ControlPlaneError(
+                f"KUBERNETES_VERSION={env['KUBERNETES_VERSION']}: no {wanted}.x in KUBERNETES_VERSIONS of "
+                f"{VERSIONS_FILE}; name a full version such as {wanted}.0"
+            )
+        return matches[-1]
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ControlPlaneError(
+            f"KUBERNETES_VERSION={env['KUBERNETES_VERSION']} is not a Kubernetes release "
+            "(want v1.MINOR.PATCH or a minor like 1.34)"
+        )
+    return wanted
+
+
 def bin_dir() -> Path:
-    """Where build.sh puts the binaries for the pinned Kubernetes version."""
-    return cache_dir() / "k8s" / read_versions()["KUBERNETES_VERSION"] / "bin"
+    """Where build.sh puts the binaries for the selected Kubernetes version."""
+    return cache_dir() / "k8s" / selected_kubernetes_version() / "bin"
 
 
 def find_binary(name: str, build_target: str = "control-plane") -> Path:
     path = bin_dir() / name
     if not os.access(path, os.X_OK):
         raise ControlPlaneError(
-            f"{name} not found at {path}; build it with `e2e/cluster/build.sh {build_target}` "
+            f"{name} not found at {path}; build it with "
+            f"`KUBERNETES_VERSION={selected_kubernetes_version()} e2e/cluster/build.sh {build_target}` "
             "(pinned versions in e2e/cluster/versions.env)"
         )
     return path
@@ -480,6 +516,10 @@ class ControlPlane:
             f"--proxy-client-key-file={front_proxy.key}",
             f"--runtime-config={self.runtime_config()}",
         ]
+        if ipaddress.ip_address(self.options.bind_address).is_loopback:
+            # 1.37 refuses a loopback advertise address for the `kubernetes` Service endpoints ("may not be in
+            # the loopback range"); a loopback-only test server has no pods that need them.
+            args.append("--endpoint-reconciler-type=none")
         gates = self.feature_gates_for(self.apiserver_bin)
         if gates:
             args.append(f"--feature-gates={gates}")

@@ -153,6 +153,22 @@ def test_delete_is_always_allowed(webhook: RunningWebhook) -> None:
     assert webhook.review(obj, operation="DELETE")["allowed"] is True
 
 
+@pytest.mark.parametrize("kind", sorted(BUILDERS))
+def test_update_is_validated_only_when_the_spec_changed(webhook: RunningWebhook, kind: str) -> None:
+    """A stored object that today's rules refuse can still lose its finalizer and be relabelled."""
+    stored = BUILDERS[kind]([opaque(gpu_config(strategy="nope"))])
+    stored["metadata"]["finalizers"] = ["example.com/hold"]
+    released = {**stored, "metadata": {**stored["metadata"], "finalizers": [], "labels": {"a": "b"}}}
+    assert webhook.review(released, operation="UPDATE", old=stored)["allowed"] is True
+    # A changed spec is validated: an UPDATE cannot bring a bad value in, nor keep one while editing.
+    good = BUILDERS[kind]([opaque(gpu_config(strategy="TimeSlicing"))])
+    edited = BUILDERS[kind]([opaque(gpu_config(strategy="nope")), opaque(gpu_config(strategy="MPS"))])
+    response = webhook.review(edited, operation="UPDATE", old=good)
+    assert response["allowed"] is False and "strategy" in response["status"]["message"]
+    # No old object sent (a misconfigured hook): validated as before, never silently waved through.
+    assert webhook.review(edited, operation="UPDATE")["allowed"] is False
+
+
 @pytest.mark.parametrize(
     "body",
     [b"", b"not json", b"[]", b'{"kind": "Pod"}', b'{"kind": "AdmissionReview", "request": {}}', b"\xff\xfe"],

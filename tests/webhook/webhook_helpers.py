@@ -64,7 +64,9 @@ class RunningWebhook:
         finally:
             conn.close()
 
-    def review(self, obj: dict[str, Any], operation: str = "CREATE") -> dict[str, Any]:
+    def review(
+        self, obj: dict[str, Any], operation: str = "CREATE", old: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         uid = "705ab4f5-6393-11e8-b7cc-42010a800002"
         body: dict[str, Any] = {
             "apiVersion": "admission.k8s.io/v1",
@@ -80,6 +82,8 @@ class RunningWebhook:
                 "object": obj,
             },
         }
+        if old is not None:
+            body["request"]["oldObject"] = old
         status, payload = self.post(json.dumps(body).encode())
         assert status == 200, payload
         answer: dict[str, Any] = json.loads(payload)

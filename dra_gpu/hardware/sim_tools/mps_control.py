@@ -1,6 +1,8 @@
 """A fake `nvidia-cuda-mps-control` for simulated driver roots (`DRA_GPU_SIM_ROOT`).
 
-    nvidia-cuda-mps-control -d          start a control daemon in the background and return (like the real -d)
+    nvidia-cuda-mps-control -d [-M]     start a control daemon in the background and return (like the real -d;
+                                        -M: multi-user mode, recorded)
+    nvidia-cuda-mps-control -f [-M]     run the control daemon in the foreground (as in a daemon's own pod)
     echo CMD | nvidia-cuda-mps-control  send each stdin line to the daemon and print its answers
 
 The daemon is a real, detached process (double fork + setsid, so it outlives whoever started it). It serves a
@@ -18,6 +20,7 @@ VALUE is `<N>M` or `<N>G`. Invalid commands get an error answer and the client e
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -26,9 +29,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dra_gpu.hardware.simulator.state import StateStore
+# Imported where used: the simulator package loads the whole simulated NVML (~150 ms), which the client mode
+# (every `echo CMD | nvidia-cuda-mps-control`) does not need.
+if TYPE_CHECKING:
+    from dra_gpu.hardware.simulator.state import StateStore
 
 SOCKET_NAME = "control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
@@ -45,6 +51,8 @@ class CommandError(Exception):
 
 
 def _store() -> StateStore | None:
+    from dra_gpu.hardware.simulator.state import StateStore
+
     root = os.environ.get("DRA_GPU_SIM_ROOT")
     return StateStore(Path(root) / STATE_PATH) if root else None
 
@@ -69,6 +77,7 @@ class Daemon:
         self.key = str(pipe_dir)
         self.thread_percentage: int | None = None
         self.pinned: dict[str, str] = {}
+        self.multi_user = False
 
     def log(self, text: str) -> None:
         with open(self.log_dir / LOG_FILE, "a", encoding="utf-8") as out:
@@ -127,6 +136,8 @@ class Daemon:
             return "", False
         if name == "get_default_device_pinned_mem_limit" and len(args) == 1:
             return self.pinned.get(self.device(args[0]), "0"), False
+        if name == "sim_get_visible_devices" and not args:  # simulator only: for the simulated client
+            return json.dumps(self.visible), False
         if name == "quit" and not args:
             return "", True
         raise CommandError(f"unknown command or wrong arguments: {line!r}")
@@ -167,7 +178,7 @@ def _dirs() -> tuple[Path, Path]:
     return pipe_dir, log_dir
 
 
-def start_daemon() -> int:
+def start_daemon(foreground: bool = False, multi_user: bool = False) -> int:
     pipe_dir, log_dir = _dirs()
     visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     store = _store()
@@ -201,6 +212,12 @@ def start_daemon() -> int:
     finally:
         os.chdir(cwd)
     listener.listen(16)
+    daemon = Daemon(pipe_dir, log_dir, visible, store)
+    daemon.multi_user = multi_user
+    if foreground:
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        _daemon_main(listener, None, daemon)
+        return 0
     read_end, write_end = os.pipe()
     if os.fork() > 0:  # the caller's process: wait until the daemon has written its pid, then return
         os.close(write_end)
@@ -212,14 +229,14 @@ def start_daemon() -> int:
     os.setsid()
     if os.fork() > 0:
         os._exit(0)
-    _daemon_main(listener, write_end, Daemon(pipe_dir, log_dir, visible, store))
-    os._exit(0)
-
-
-def _daemon_main(listener: socket.socket, ready_fd: int, daemon: Daemon) -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
+    _daemon_main(listener, write_end, daemon)
+    os._exit(0)
+
+
+def _daemon_main(listener: socket.socket, ready_fd: int | None, daemon: Daemon) -> None:
     os.chdir("/")
     signal.signal(signal.SIGTERM, _exit_on_signal)
     pid = os.getpid()
@@ -231,12 +248,14 @@ def _daemon_main(listener: socket.socket, ready_fd: int, daemon: Daemon) -> None
         started=time.time(),
         stopped=None,
         visible_devices=daemon.visible,
+        multi_user=daemon.multi_user,
         pipe_dir=str(daemon.pipe_dir),
         log_dir=str(daemon.log_dir),
         commands=[],
     )
-    os.write(ready_fd, b"1")
-    os.close(ready_fd)
+    if ready_fd is not None:
+        os.write(ready_fd, b"1")
+        os.close(ready_fd)
     try:
         daemon.serve(listener)
     except Exception as err:  # stdout/stderr are /dev/null: the log is the only place to say why
@@ -307,10 +326,10 @@ def run_client(lines: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args == ["-d"]:
-        return start_daemon()
+    if args and args[0] in ("-d", "-f") and set(args[1:]) <= {"-M"} and len(args) <= 2:
+        return start_daemon(foreground=args[0] == "-f", multi_user="-M" in args)
     if args:
-        print("usage: nvidia-cuda-mps-control [-d]   (commands on stdin without -d)", file=sys.stderr)
+        print("usage: nvidia-cuda-mps-control -d|-f [-M]   (commands on stdin otherwise)", file=sys.stderr)
         return 2
     return run_client(sys.stdin.read().splitlines())
 

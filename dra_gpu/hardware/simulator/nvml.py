@@ -141,7 +141,10 @@ class SimulatedNvml:
     def _check_fault(self, state: SimState, gpu_index: int, function: str) -> None:
         for fault in state.faults:
             if fault.gpu_index == gpu_index and fault.function in (function, "*"):
-                _fail(fault.error)
+                if fault.delay_s > 0:
+                    time.sleep(fault.delay_s)
+                if fault.error != pynvml.NVML_SUCCESS:
+                    _fail(fault.error)
 
     def _device(self, handle: Any, function: str, *, allow_mig: bool = False) -> tuple[SimState, HandleRef]:
         state = self._state()
@@ -861,9 +864,11 @@ class SimulatedNvml:
         gi_id: int = ALL_INSTANCES,
         ci_id: int = ALL_INSTANCES,
         recovery_action: int = pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET,
+        event_type: int = pynvml.nvmlEventTypeXidCriticalError,
     ) -> None:
         """Raise an XID critical-error event on a GPU (or one of its MIG instances) and record the action
-        the driver asks for."""
+        the driver asks for. `event_type` nvmlEventTypeDoubleBitEccError: an uncorrectable ECC error
+        instead (event data 0, as NVML sends it; the driver logs it as XID `xid`, normally 48)."""
         with self.store.transaction() as state:
             if not 0 <= gpu_index < len(state.gpus):
                 raise ValueError(f"gpu index {gpu_index} does not exist (0..{len(state.gpus) - 1})")
@@ -878,7 +883,8 @@ class SimulatedNvml:
                     )
             elif ci_id != ALL_INSTANCES:
                 raise ValueError("a compute instance id needs its GPU instance id")
-            raise_event(state, gpu_index, pynvml.nvmlEventTypeXidCriticalError, xid, gi_id, ci_id)
+            data = 0 if event_type == pynvml.nvmlEventTypeDoubleBitEccError else xid
+            raise_event(state, gpu_index, event_type, data, gi_id, ci_id)
             gpu.recovery_action = max(gpu.recovery_action, recovery_action)
 
     def lose_gpu(self, gpu_index: int) -> None:

@@ -19,7 +19,6 @@ DGX at a few milliseconds.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import threading
@@ -28,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dra_gpu.file_lock import file_locked
 from dra_gpu.hardware import profiles
 
 STATE_FORMAT = 1
@@ -64,11 +64,16 @@ class GpuState:
 
 @dataclass
 class Fault:
-    """Make `function` fail with NVML error `error` for the GPU at `gpu_index` ("*" = every function)."""
+    """Make `function` fail with NVML error `error` for the GPU at `gpu_index` ("*" = every function).
+
+    `delay_s` > 0: the call first takes that long (a slow MIG creation, a driver busy with a reset); with
+    `error` 0 (NVML_SUCCESS) it then goes on normally, so latency can be injected without a failure.
+    """
 
     gpu_index: int
     function: str
     error: int
+    delay_s: float = 0.0
 
 
 @dataclass
@@ -206,16 +211,12 @@ class StateStore:
 
     @contextlib.contextmanager
     def _locked(self, *, exclusive: bool) -> Iterator[None]:
-        with self._thread_lock:
-            self._lock_path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        with self._thread_lock, file_locked(self._lock_path, exclusive=exclusive, mode=0o644) as fd:
+            self._lock_fd = fd
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-                self._lock_fd = fd
                 yield
             finally:
                 self._lock_fd = None
-                os.close(fd)  # closing releases the flock
 
     def _load_unlocked(self) -> SimState:
         try:

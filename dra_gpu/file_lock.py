@@ -1,0 +1,75 @@
+"""The one advisory file lock (`flock(2)`) of dra-gpu: checkpoint, sharing registry and simulator state.
+
+`flock` rather than `fcntl` record locks because it belongs to the open file description: two threads that
+open the file separately exclude each other, and closing the descriptor (or the process dying) releases it,
+so a crashed plugin never leaves a stale lock behind. Callers keep their own thread lock in front: the file
+lock is for other processes (a second plugin instance, the simulator's tools, the CLI).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+_POLL_S = 0.002
+
+
+class FileLockTimeoutError(TimeoutError):
+    """Another process held the lock for longer than the caller was willing to wait."""
+
+
+def open_lock_file(
+    path: Path, *, mode: int = 0o600, dir_mode: int = 0o777, allow_read_only: bool = False
+) -> int:
+    """A descriptor for `path` (created with its directory when missing). With `allow_read_only`, a read-only
+    file system still allows locking an existing file (reads keep working there). Raises OSError."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=dir_mode)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+    except OSError:
+        if not allow_read_only:
+            raise
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def lock_fd(fd: int, *, exclusive: bool = True, timeout_s: float | None = None) -> None:
+    """Take the lock on `fd`: block, or poll until `timeout_s` and raise FileLockTimeoutError (the
+    descriptor stays open; the caller closes it)."""
+    operation = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+    if timeout_s is None:
+        fcntl.flock(fd, operation)
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise FileLockTimeoutError(f"held by another process for more than {timeout_s}s") from None
+            time.sleep(_POLL_S)
+
+
+@contextlib.contextmanager
+def file_locked(
+    path: Path, *, exclusive: bool = True, timeout_s: float | None = None, mode: int = 0o600
+) -> Iterator[int]:
+    """Hold the lock on `path` for the block; yields the descriptor. Closing it releases the lock."""
+    fd = open_lock_file(path, mode=mode)
+    try:
+        lock_fd(fd, exclusive=exclusive, timeout_s=timeout_s)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def unlock_and_close(fd: int) -> None:
+    """Release a lock taken with `lock_fd` and close its descriptor."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

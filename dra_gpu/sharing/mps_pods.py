@@ -1,0 +1,228 @@
+"""MPS control daemons as their own pods (the `pod` launcher; the chart's mode).
+
+A daemon started inside the plugin's container dies with that container (the runtime kills every process of
+its cgroup), taking every MPS client on the node down with it. As NVIDIA's driver does, each daemon here runs
+in a pod of its own on the node, created by the plugin through the API server, so a restart, upgrade, OOM kill
+or crash of the plugin pod leaves the daemons alone.
+
+The pod is a bare Pod with `restartPolicy: Always` and `spec.nodeName` set, not a Deployment: it is bound to
+this node directly (no scheduler, so it starts even while the node's devices are tainted), the kubelet
+restarts a daemon that exits in place (same pod UID), and the plugin's reconcile loop creates a new pod when
+the pod object itself is gone. A Deployment would add a ReplicaSet and a new pod UID on every recreation
+without adding anything the reconcile loop does not already do. It has no owner reference to the plugin pod:
+a rolling update of the plugin must not garbage-collect it.
+
+The daemon is known by its pod UID: deletion uses a UID precondition, so a pod of the same name created
+since (another attempt, another plugin) is never deleted by mistake. The container runs the driver root's
+`nvidia-cuda-mps-control -f` with the claim's pipe and log directories mounted at their host paths (which the
+plugin and the workloads' CDI mounts also use) and the claim's shm tmpfs at /dev/shm; a preStop hook sends
+`quit` so the daemon stops its servers cleanly when the pod is deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from dra_gpu.sharing.interface import SharingError
+
+log = structlog.get_logger(__name__)
+
+LABEL_APP = "app.kubernetes.io/name"
+APP_NAME = "dra-gpu-mps-daemon"
+LABEL_DAEMON = "gpu.nvidia.com/mps-daemon"
+LABEL_NODE = "gpu.nvidia.com/node"
+CONTAINER_NAME = "mps-control-daemon"
+
+
+def pod_name(daemon_id: str) -> str:
+    """`dra-gpu-mps-<daemon id>` (a claim UID plus a 5-hex digest: 54 characters, a valid DNS label)."""
+    return f"dra-gpu-mps-{daemon_id}"[:63].rstrip("-")
+
+
+class PodLauncher:
+    """Creates, finds and deletes the daemon pods of one node (in the plugin's namespace)."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        namespace: str,
+        node_name: str,
+        image: str,
+        host_driver_root: str,
+        container_driver_root: str,
+        delete_timeout_s: float = 30.0,
+    ) -> None:
+        from kubernetes import client
+
+        self._core: Any = client.CoreV1Api(api_client)
+        self.namespace = namespace
+        self.node_name = node_name
+        self.image = image
+        self.host_driver_root = host_driver_root
+        self.container_driver_root = container_driver_root
+        self.delete_timeout_s = delete_timeout_s
+
+    # ---- the pod ----
+
+    def manifest(self, record: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+        binary = os.path.join(self.container_driver_root, "usr", "bin", "nvidia-cuda-mps-control")
+        command = [binary, "-f", *(["-M"] if record.get("multiUser") else [])]
+        keep = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
+                "LD_LIBRARY_PATH", "PATH", "DRA_GPU_SIM_ROOT")  # fmt: skip
+        volumes = [
+            ("driver-root", self.host_driver_root, self.container_driver_root, None),
+            ("pipe", record["pipeDir"], record["pipeDir"], None),
+            ("log", record["logDir"], record["logDir"], None),
+            # the MPS server and its clients share memory through /dev/shm: the claim's own tmpfs
+            ("shm", record["shmDir"], "/dev/shm", "HostToContainer"),
+        ]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name(record["id"]),
+                "namespace": self.namespace,
+                "labels": {LABEL_APP: APP_NAME, LABEL_DAEMON: record["id"][:63], LABEL_NODE: self.node_name},
+            },
+            "spec": {
+                "nodeName": self.node_name,
+                "restartPolicy": "Always",
+                "tolerations": [{"operator": "Exists"}],
+                "terminationGracePeriodSeconds": 10,
+                "containers": [
+                    {
+                        "name": CONTAINER_NAME,
+                        "image": self.image,
+                        "command": command,
+                        "env": [{"name": k, "value": env[k]} for k in keep if k in env],
+                        "securityContext": {"privileged": True, "runAsUser": 0},
+                        "lifecycle": {
+                            "preStop": {"exec": {"command": ["sh", "-c", 'echo quit | "$0"', binary]}}
+                        },
+                        "volumeMounts": [
+                            {"name": name, "mountPath": path, **({"mountPropagation": p} if p else {})}
+                            for name, _host, path, p in volumes
+                        ],
+                    }
+                ],
+                "volumes": [
+                    {"name": name, "hostPath": {"path": host, "type": "Directory"}}
+                    for name, host, _path, _p in volumes
+                ],
+            },
+        }
+
+    def launch(self, record: dict[str, Any], env: Mapping[str, str]) -> None:
+        """Create the daemon's pod (or adopt the one with the recorded UID, which the kubelet restarts in
+        place); sets record["podName"] and record["podUid"]. A stale pod of the same name is deleted first."""
+        from kubernetes.client.exceptions import ApiException
+
+        name = pod_name(record["id"])
+        body = self.manifest(record, env)
+        for _attempt in range(3):
+            try:
+                created = self._call("create", self._core.create_namespaced_pod, self.namespace, body)
+                record["podName"], record["podUid"] = name, created["metadata"]["uid"]
+                log.info("MPS daemon pod created", pod=name, uid=record["podUid"])
+                return
+            except ApiException as err:
+                if err.status != 409:
+                    raise SharingError(f"creating MPS daemon pod {name}: {_reason(err)}") from None
+            existing = self.get(name)
+            if existing is None:
+                continue
+            uid = existing["metadata"]["uid"]
+            if uid == record.get("podUid") and not existing["metadata"].get("deletionTimestamp"):
+                return  # our pod: the kubelet restarts its container; the caller waits for the pipe
+            problem = self._delete(name, uid)
+            if problem:
+                raise SharingError(f"a stale MPS daemon pod {name} is in the way: {problem}")
+        raise SharingError(f"creating MPS daemon pod {name}: it keeps being recreated by someone else")
+
+    def alive(self, record: Mapping[str, Any]) -> bool:
+        """The pod with the recorded UID exists and is not being deleted."""
+        pod = self.get(record.get("podName") or pod_name(record["id"]))
+        return bool(
+            pod is not None
+            and pod["metadata"]["uid"] == record.get("podUid")
+            and not pod["metadata"].get("deletionTimestamp")
+        )
+
+    def stop(self, record: Mapping[str, Any]) -> list[str]:
+        """Delete the pod with the recorded UID and wait until it is gone; problems (empty when done)."""
+        if not record.get("podUid"):
+            return []
+        problem = self._delete(record.get("podName") or pod_name(record["id"]), record["podUid"])
+        return [problem] if problem else []
+
+    def owned_pods(self) -> list[dict[str, Any]]:
+        """Every daemon pod of this node (to stop the ones no prepared claim owns)."""
+        selector = f"{LABEL_APP}={APP_NAME},{LABEL_NODE}={self.node_name}"
+        found = self._call("list", self._core.list_namespaced_pod, self.namespace, label_selector=selector)
+        items: list[dict[str, Any]] = found.get("items", [])
+        return items
+
+    def delete_pod(self, pod: Mapping[str, Any]) -> list[str]:
+        problem = self._delete(pod["metadata"]["name"], pod["metadata"]["uid"])
+        return [problem] if problem else []
+
+    # ---- API helpers ----
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            pod: dict[str, Any] = self._call("get", self._core.read_namespaced_pod, name, self.namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise SharingError(f"reading MPS daemon pod {name}: {_reason(err)}") from None
+        return pod
+
+    def _delete(self, name: str, uid: str) -> str | None:
+        """Delete pod `name` only if its UID is `uid`, then wait until no pod with that UID is left."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._call(
+                "delete",
+                self._core.delete_namespaced_pod,
+                name,
+                self.namespace,
+                body={"preconditions": {"uid": uid}},
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            if err.status != 409:  # 409: the UID precondition failed: another pod has the name now
+                return f"deleting MPS daemon pod {name}: {_reason(err)}"
+        deadline = time.monotonic() + self.delete_timeout_s
+        while True:
+            pod = self.get(name)
+            if pod is None or pod["metadata"]["uid"] != uid:
+                return None
+            if time.monotonic() > deadline:
+                return (
+                    f"MPS daemon pod {name} (uid {uid}) is still terminating after {self.delete_timeout_s:g}s"
+                )
+            time.sleep(0.2)
+
+    @staticmethod
+    def _call(what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        response = method(*args, _preload_content=False, _request_timeout=30, **kwargs)
+        return json.loads(response.data) if response.data else {}
+
+
+def _reason(err: Any) -> str:
+    try:
+        message = json.loads(err.body).get("message")
+    except (TypeError, ValueError, AttributeError):
+        message = None
+    return str(message or f"HTTP {err.status} {err.reason}")

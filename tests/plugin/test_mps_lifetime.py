@@ -1,0 +1,155 @@
+"""MPS daemons outlive the plugin and are reconciled continuously (issue 12), with the real plugin process:
+a SIGKILL of the plugin leaves every daemon running with the same identity, and new claims prepare after
+the restart; a daemon killed by hand is back within 10 s with the same limits; unprepare on a GPU that fell
+off the bus finishes within 10 s and the GPU's cleanup is done (and its taint gone) when it returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_gpu.hardware.types import ComputeMode
+from dra_gpu.sharing.mps import process_start_time
+from tests.plugin.kubelet_client import ClaimId, KubeletClient
+from tests.plugin.plugin_harness import V1B1, ClaimFactory, PluginProcess, Result, SimNode, opaque
+
+pytestmark = pytest.mark.apiserver
+
+MIG_DEVICE = "gpu-1-mig-1g10gb-19-0"
+
+
+def mps(kind: str = "GpuConfig", **config: Any) -> dict[str, Any]:
+    return {"apiVersion": V1B1, "kind": kind, "sharing": {"strategy": "MPS", "mpsConfig": config}}
+
+
+def share(share_id: str, compute: str, memory: str) -> Result:
+    return Result("gpu", "gpu-2-shared", share_id=share_id, consumed={"compute": compute, "memory": memory})
+
+
+def daemons(node: SimNode) -> dict[str, dict[str, Any]]:
+    """Daemon id -> its record (pid, start time, pipe directory, limits) as the plugin keeps it on disk."""
+    found = {}
+    for directory in sorted((node.plugin_dir / "mps").iterdir()):
+        record = json.loads((directory / "record.json").read_text())
+        found[record["id"]] = record
+    return found
+
+
+def sim_record(node: SimNode, pipe_dir: str) -> dict[str, Any]:
+    record: dict[str, Any] = node.sim_state().mps[pipe_dir]
+    return record
+
+
+def prepare(kubelet: KubeletClient, claim: ClaimId) -> None:
+    answer = kubelet.prepare([claim])
+    assert answer.claims[claim.uid].error == ""
+
+
+def test_daemons_survive_a_sigkill_of_the_plugin_and_new_claims_prepare(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    first = start_plugin()
+    kubelet = KubeletClient(node.registration_socket)
+    made = [
+        claims.make(
+            "whole", [Result("gpu", "gpu-0")], [opaque(mps(defaultActiveThreadPercentage=40), ["gpu"])]
+        ),
+        claims.make("mig", [Result("gpu", MIG_DEVICE)], [opaque(mps("MigDeviceConfig"), ["gpu"])]),
+        claims.make("team-a", [share("11111111-0000-0000-0000-00000000000a", "30", "20Gi")]),
+        claims.make("team-b", [share("11111111-0000-0000-0000-00000000000b", "50", "40Gi")]),
+    ]
+    ids = [
+        ClaimId(ns, uid, name)
+        for ns, (name, uid) in zip(["whole", "mig", "team-a", "team-b"], made, strict=True)
+    ]
+    for claim in ids:
+        prepare(kubelet, claim)
+    kubelet.close()
+    before = daemons(node)
+    assert len(before) == 4
+    specs_before = {p: Path(node.cdi_root, p).read_text() for p in node.cdi_files()}
+    for record in before.values():
+        assert process_start_time(record["pid"]) == record["startTime"]
+
+    first.stop(signal.SIGKILL)  # the plugin dies; its daemons are not its children and must not notice
+    time.sleep(0.2)
+    for record in before.values():
+        assert process_start_time(record["pid"]) == record["startTime"], record["id"]
+
+    start_plugin()
+    assert daemons(node) == before  # same identity: nothing was restarted
+    assert {p: Path(node.cdi_root, p).read_text() for p in node.cdi_files()} == specs_before
+    kubelet = KubeletClient(node.registration_socket)
+    name, uid = claims.make("team-c", [share("11111111-0000-0000-0000-00000000000c", "10", "4Gi")])
+    late = ClaimId("team-c", uid, name)
+    prepare(kubelet, late)
+    for claim in [*ids, late]:
+        assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    kubelet.close()
+    assert not (node.plugin_dir / "mps").exists() or list((node.plugin_dir / "mps").iterdir()) == []
+    for record in before.values():
+        assert process_start_time(record["pid"]) is None
+
+
+def test_a_daemon_killed_by_hand_is_back_within_10s_with_the_same_limits(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    start_plugin()
+    kubelet = KubeletClient(node.registration_socket)
+    name, uid = claims.make("team-a", [share("11111111-0000-0000-0000-00000000000a", "30", "20Gi")])
+    claim = ClaimId("team-a", uid, name)
+    prepare(kubelet, claim)
+    (old,) = daemons(node).values()
+    os.kill(old["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    while True:
+        now = daemons(node)[old["id"]]
+        revived = sim_record(node, old["pipeDir"])
+        if (  # running again with its identity, and its limits set (the last step of a restart)
+            now["pid"] != old["pid"]
+            and process_start_time(now["pid"]) == now["startTime"]
+            and revived["default_active_thread_percentage"] is not None
+            and revived["default_pinned_mem_limits"]  # limits go one command at a time: wait for the last
+        ):
+            break
+        assert time.monotonic() - killed < 10, "the daemon was not restarted within 10 s"
+        time.sleep(0.1)
+    gpu2 = node.sim_state().gpus[2].uuid
+    assert revived["running"] and revived["pid"] == now["pid"]
+    assert revived["default_active_thread_percentage"] == 30
+    assert revived["default_pinned_mem_limits"] == {gpu2: "20480M"}
+    assert kubelet.unprepare([claim]).claims[uid].error == ""
+    kubelet.close()
+
+
+def test_unprepare_with_the_gpu_gone_finishes_and_is_cleaned_when_it_returns(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    start_plugin(env={"MPS_RECONCILE_SECONDS": "0.5"})
+    kubelet = KubeletClient(node.registration_socket)
+    gpu0 = node.sim_state().gpus[0].uuid
+    name, uid = claims.make("whole", [Result("gpu", "gpu-0")], [opaque(mps(), ["gpu"])])
+    claim = ClaimId("whole", uid, name)
+    prepare(kubelet, claim)
+    assert node.gpu_compute_mode(gpu0) == int(ComputeMode.EXCLUSIVE_PROCESS)
+    node.hardware_cli("gpu-lost", "--gpu", "0")
+    started = time.monotonic()
+    answer = kubelet.unprepare([claim])
+    assert answer.claims[uid].error == ""
+    assert time.monotonic() - started < 10
+    assert node.checkpoint()["claims"] == {}
+    pending = json.loads((node.plugin_dir / "sharing-registry.json").read_text())["pendingComputeModes"]
+    assert pending == {gpu0: int(ComputeMode.DEFAULT)}
+    node.hardware_cli("recover", "--gpu", "0")
+    deadline = time.monotonic() + 10
+    while json.loads((node.plugin_dir / "sharing-registry.json").read_text())["pendingComputeModes"]:
+        assert time.monotonic() < deadline, "the pending cleanup was not done after the GPU returned"
+        time.sleep(0.1)
+    kubelet.close()
