@@ -19,6 +19,14 @@ class HardwareError(Exception):
         super().__init__(message)
         self.nvml_code = nvml_code
 
+    @property
+    def gpu_gone(self) -> bool:
+        """The GPU is not there to be changed (lost, or no longer enumerated): what it needs waits for it."""
+        return self.nvml_code in GPU_GONE_CODES
+
+
+GPU_GONE_CODES = frozenset({6, 15})  # NVML_ERROR_NOT_FOUND, NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus
+
 
 class GpuHardware(Protocol):
     def discover(self) -> DiscoveryResult:

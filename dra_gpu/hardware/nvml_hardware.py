@@ -61,6 +61,7 @@ BRAND_NAMES = {
 }
 # nvidia-smi's exit code for "the requested operation is not available on target device" (nvidia-smi(1)).
 SMI_RC_NOT_SUPPORTED = 3
+SMI_RC_GPU_LOST = 15  # nvidia-smi(1) RETURN VALUE: the GPU has fallen off the bus (or is inaccessible)
 # CUDA cores per SM by compute capability: NVML reports cores (nvmlDeviceGetNumGpuCores), not SMs.
 _CORES_PER_SM_BY_MAJOR = {6: 64, 7: 64, 8: 64, 9: 128, 10: 128, 12: 128}
 _CORES_PER_SM_EXCEPTIONS = {(6, 1): 128, (6, 2): 128, (8, 6): 128, (8, 7): 128, (8, 9): 128}
@@ -518,7 +519,11 @@ class NvmlHardware:
                     f"GPU {gpu_uuid}: cannot {action}: this GPU does not support it ({command})",
                     nvml_code=getattr(self._nvml, "NVML_ERROR_NOT_SUPPORTED", None),
                 )
-            raise HardwareError(f"GPU {gpu_uuid}: cannot {action}: {command}")
+            lost = done.returncode == SMI_RC_GPU_LOST
+            raise HardwareError(
+                f"GPU {gpu_uuid}: cannot {action}: {command}",
+                nvml_code=getattr(self._nvml, "NVML_ERROR_GPU_IS_LOST", None) if lost else None,
+            )
 
 
 def _profile_name(info: Any) -> str:

@@ -36,7 +36,7 @@ DEFAULT_PERIOD_S = 5.0  # the issue asks for at most 10 s between checks of one 
 class ReconcilingSharing(Protocol):
     def reconcile_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> MpsReconcileReport: ...
 
-    def pending_cleanup(self) -> dict[str, int]: ...
+    def pending_cleanup(self) -> dict[str, list[str]]: ...
 
 
 class MpsMetrics:
@@ -105,8 +105,8 @@ class MpsReconciler:
         for daemon_id, (gpus, error) in report.failed.items():
             for gpu in gpus:
                 found.setdefault(gpu, []).append((MPS_DAEMON_FAILED, f"{daemon_id}: {error}"))
-        for gpu in pending:
-            found.setdefault(gpu, []).append((CLEANUP_PENDING, "compute mode to restore"))
+        for gpu, what in pending.items():
+            found.setdefault(gpu, []).append((CLEANUP_PENDING, "; ".join(what)))
         with self._lock:
             old = self._problems
             new: dict[str, tuple[SharingProblem, ...]] = {}

@@ -7,8 +7,9 @@ share's limits set on that daemon). Claims never share a daemon, a pipe or a /de
 everything done so far is undone and SharingError says what failed; nothing is left behind.
 
 `reconcile_mps` (called by the plugin every few seconds) restarts a prepared group's daemon that died, with
-the same limits and pipe directory, and restores compute modes that could not be restored while a GPU was
-gone.
+the same limits and pipe directory, and finishes what an unprepare could not undo while a GPU was gone
+(compute modes, time-slice intervals, MIG devices): unprepare records those instead of failing, so a pod on a
+vanished GPU terminates.
 
 The returned `state` (JSON, checkpointed by the plugin) holds everything `unprepare_group` needs, so the undo
 works after a plugin restart; what several claims share (time-slice holders, shared MPS daemons, MIG instances
@@ -54,6 +55,8 @@ class MpsReconcileReport:
     restarted: list[str] = field(default_factory=list)  # daemon ids started again
     failed: dict[str, tuple[list[str], str]] = field(default_factory=dict)  # id -> (GPU uuids, error)
     restored_modes: list[str] = field(default_factory=list)  # GPUs whose pending compute mode was restored
+    reset_time_slices: list[str] = field(default_factory=list)  # GPUs whose pending time-slice reset was done
+    destroyed_mig: list[str] = field(default_factory=list)  # deferred MIG devices destroyed (their uuids)
 
 
 def group_daemon_id(claim_uid: str, uuids: Sequence[str]) -> str:
@@ -295,7 +298,7 @@ class HardwareSharingManager:
             problems += self._time_slicing.release(claim_uid, time_slice["gpus"])
         for data in reversed(state.get("migCreated") or []):
             try:
-                self._mig.destroy(instance_from_json(data))
+                self._mig.destroy(instance_from_json(data), defer_if_gone=True)
             except SharingError as err:
                 problems.append(str(err))
         return problems
@@ -319,10 +322,18 @@ class HardwareSharingManager:
         with self._registry.update() as data:
             data.setdefault("pendingComputeModes", {})[gpu_uuid] = mode
 
-    def pending_cleanup(self) -> dict[str, int]:
-        """GPU uuid -> compute mode still to restore (the GPU was gone when its claim was unprepared)."""
-        pending: dict[str, int] = self._registry.read().get("pendingComputeModes", {})
-        return dict(pending)
+    def pending_cleanup(self) -> dict[str, list[str]]:
+        """GPU uuid -> what is still to undo on it because the GPU was gone when its claim was unprepared
+        (a compute mode to restore, a time-slice interval to reset, MIG devices to destroy)."""
+        data = self._registry.read()
+        pending: dict[str, list[str]] = {}
+        for uuid, mode in sorted(data["pendingComputeModes"].items()):
+            pending.setdefault(uuid, []).append(f"compute mode {ComputeMode(mode).name} to restore")
+        for uuid in data["pendingTimeSliceResets"]:
+            pending.setdefault(uuid, []).append("time-slice interval to reset to Default")
+        for instance in self._mig.pending():
+            pending.setdefault(instance.parent_uuid, []).append(f"MIG device {instance.uuid} to destroy")
+        return pending
 
     # ---- start-up ------------------------------------------------------------------------------------------
 
@@ -400,6 +411,10 @@ class HardwareSharingManager:
                     del pending[uuid]
                     report.restored_modes.append(uuid)
                     log.info("GPU is back; compute mode restored", gpu=uuid, mode=mode)
+            report.reset_time_slices = self._time_slicing.retry_pending()
+            report.destroyed_mig = self._mig.retry_pending()
+            if report.destroyed_mig:
+                self._mig_changed()
         return report
 
     def _reconcile_one(self, record: dict[str, Any], report: MpsReconcileReport) -> None:

@@ -10,6 +10,10 @@ Ownership: every instance created here is recorded in the registry (parent, gi i
 until it is destroyed, so start-up cleanup (`destroy_unowned`) removes exactly the instances this driver
 created for claims that are no longer checkpointed, and never the MIG devices an administrator made, even one
 that reuses the ids of an instance of ours destroyed out of band (its uuid differs).
+
+A GPU that fell off the bus cannot destroy anything: `destroy(..., defer_if_gone=True)` then records the
+instance in `pendingMigDestroy` and returns, so the unprepare finishes; `retry_pending` (the plugin's
+reconcile loop) destroys it, by uuid, once the GPU answers (after a reset it is usually gone already).
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ class MigLifecycle:
         log.info("MIG device created", device=name, uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
         return instance
 
-    def destroy(self, instance: MigInstance) -> None:
+    def destroy(self, instance: MigInstance, *, defer_if_gone: bool = False) -> None:
         """Destroy one instance we created (already gone is fine); then maybe switch MIG mode off. Raises.
 
         The instance is identified by its MIG uuid, not by its GPU-instance/compute-instance ids: an
@@ -130,6 +134,12 @@ class MigLifecycle:
             else:
                 self._hardware.destroy_mig_device(current.parent_uuid, current.gi_id, current.ci_id)
         except HardwareError as err:
+            if defer_if_gone and err.gpu_gone:
+                log.warning("GPU is gone; its MIG device is destroyed when it returns", uuid=instance.uuid)
+                with self._registry.update() as data:
+                    if all(p["uuid"] != instance.uuid for p in data["pendingMigDestroy"]):
+                        data["pendingMigDestroy"].append(instance_json("", instance))
+                return
             raise SharingError(
                 f"destroying MIG device {instance.uuid} (GPU {instance.parent_uuid} gi={instance.gi_id} "
                 f"ci={instance.ci_id}) failed: {err}"
@@ -137,6 +147,25 @@ class MigLifecycle:
         self._forget(instance.parent_uuid, instance.gi_id, instance.ci_id, instance.uuid)
         log.info("MIG device destroyed", uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
         self.maybe_disable_mig_mode(instance.parent_uuid)
+
+    def pending(self) -> list[MigInstance]:
+        """Instances whose destruction waits for their GPU to come back."""
+        return [instance_from_json(d) for d in self._registry.read()["pendingMigDestroy"]]
+
+    def retry_pending(self) -> list[str]:
+        """Destroy the deferred instances whose GPU answers again. Returns their uuids."""
+        done: list[str] = []
+        for instance in self.pending():
+            try:
+                self.destroy(instance)
+            except SharingError as err:
+                log.debug("GPU not back; MIG device destroyed later", uuid=instance.uuid, error=str(err))
+                continue
+            with self._registry.update() as data:
+                pending = data["pendingMigDestroy"]
+                data["pendingMigDestroy"] = [p for p in pending if p["uuid"] != instance.uuid]
+            done.append(instance.uuid)
+        return done
 
     def _forget(self, parent: str, gi_id: int, ci_id: int, uuid: str | None = None) -> None:
         """Drop an instance from the registry (entries written before the uuid was recorded have 3 fields).

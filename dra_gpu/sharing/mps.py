@@ -69,14 +69,6 @@ class DaemonSpec:
     multi_user: bool = False  # `-M`: clients of other uids may connect (NVIDIA's mpsConfig.multiUser)
 
 
-GPU_GONE_CODES = frozenset({6, 15})  # NVML_ERROR_NOT_FOUND, NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus
-
-
-def gpu_gone(err: HardwareError) -> bool:
-    """The GPU is not there to be changed (lost, or no longer enumerated): what it needs waits for it."""
-    return err.nvml_code in GPU_GONE_CODES
-
-
 def process_start_time(pid: int | None) -> int | None:
     """Start time of `pid` in clock ticks since boot (/proc/<pid>/stat field 22); None if it does not run.
     With the pid it names one process for the life of the boot: a reused pid has another start time."""
@@ -462,7 +454,7 @@ class MpsDaemons:
             try:
                 self._hardware.set_compute_mode(uuid, ComputeMode(mode))
             except HardwareError as err:
-                if on_gpu_gone is not None and gpu_gone(err):
+                if on_gpu_gone is not None and err.gpu_gone:
                     log.warning(
                         "GPU is gone; compute mode restored when it returns", gpu=uuid, error=str(err)
                     )

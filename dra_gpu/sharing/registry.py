@@ -59,6 +59,8 @@ def empty_registry(boot_id: str) -> dict[str, Any]:
         "createdMig": [],  # [parent uuid, gi id, ci id, MIG uuid] of instances this driver created
         "migModeEnabled": [],  # gpu uuids whose MIG mode we switched on (switched off again when empty)
         "pendingComputeModes": {},  # gpu uuid -> mode to restore once the GPU (gone at unprepare) is back
+        "pendingTimeSliceResets": [],  # gpu uuids to reset to the Default interval once back
+        "pendingMigDestroy": [],  # MIG devices (instance JSON) to destroy once their GPU is back
     }
 
 

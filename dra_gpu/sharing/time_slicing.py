@@ -9,6 +9,10 @@ access), and the interval goes back to Default (0) when the last holder is unpre
 Crash safety: the holder is recorded before the interval is set (`time-slice-recorded` is the fault-injection
 point between the two), so a plugin killed at any point leaves a record of whatever it may have set; at
 start-up `release_unowned` drops holders that no checkpointed claim state owns and resets their GPUs.
+
+A GPU that fell off the bus cannot be reset: the last holder's release then records the reset as pending
+(registry `pendingTimeSliceResets`) instead of failing, so the kubelet can finish the pod; `retry_pending`
+(the plugin's reconcile loop) does it once the GPU answers, unless a new claim has set an interval since.
 """
 
 from __future__ import annotations
@@ -71,6 +75,8 @@ class TimeSlicing:
         self._faults("time-slice-recorded")
         try:
             self._hardware.set_time_slice(uuid, interval)
+            with self._registry.update() as data:  # this setting replaces a reset still owed from a lost GPU
+                data["pendingTimeSliceResets"] = [u for u in data["pendingTimeSliceResets"] if u != uuid]
         except HardwareError as err:
             with self._registry.update() as data:
                 entry = data["timeSlice"].get(uuid)
@@ -97,14 +103,43 @@ class TimeSlicing:
             try:
                 self._hardware.set_time_slice(uuid, DEFAULT_INTERVAL)
             except HardwareError as err:
-                problems.append(f"resetting the time-slice interval of GPU {uuid} to Default failed: {err}")
-                continue
+                if not err.gpu_gone:
+                    problems.append(
+                        f"resetting the time-slice interval of GPU {uuid} to Default failed: {err}"
+                    )
+                    continue
+                log.warning("GPU is gone; its time-slice interval is reset when it returns", gpu=uuid)
+                with self._registry.update() as data:
+                    if uuid not in data["pendingTimeSliceResets"]:
+                        data["pendingTimeSliceResets"].append(uuid)
             with self._registry.update() as data:
                 entry = data["timeSlice"].get(uuid)
                 if entry is not None and not entry["claims"]:
                     del data["timeSlice"][uuid]
-            log.info("time-slice reset", gpu=uuid, claim_uid=claim_uid)
+            log.info("time-slice released", gpu=uuid, claim_uid=claim_uid)
         return problems
+
+    def pending(self) -> list[str]:
+        """GPUs whose reset to Default waits for the GPU to come back."""
+        return list(self._registry.read()["pendingTimeSliceResets"])
+
+    def retry_pending(self) -> list[str]:
+        """Reset the GPUs that were gone when their last holder left and answer again. Returns those reset."""
+        done: list[str] = []
+        with self._registry.update() as data:
+            for uuid in list(data["pendingTimeSliceResets"]):
+                if uuid in data["timeSlice"]:  # a new claim holds the GPU now: its interval stands
+                    data["pendingTimeSliceResets"].remove(uuid)
+                    continue
+                try:
+                    self._hardware.set_time_slice(uuid, DEFAULT_INTERVAL)
+                except HardwareError as err:
+                    log.debug("GPU still not back; time-slice reset later", gpu=uuid, error=str(err))
+                    continue
+                data["pendingTimeSliceResets"].remove(uuid)
+                done.append(uuid)
+                log.info("GPU is back; time-slice interval reset to Default", gpu=uuid)
+        return done
 
     def release_unowned(self, owned: set[str]) -> list[str]:
         """At start-up: drop holders no checkpointed claim state owns (a crash between recording a holder and

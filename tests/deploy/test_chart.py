@@ -273,6 +273,15 @@ def test_kubelet_plugin_daemonset(helm: str) -> None:
     assert {p["name"]: p["containerPort"] for p in ctr["ports"]} == {"http": 8080, "health": 51515}
     assert ctr["resources"]["requests"] == {"cpu": "50m", "memory": "128Mi"}
     assert ctr["command"] == ["dra-gpu", "kubelet-plugin"]
+    # MPS daemons in pods of their own, started from the driver's image, outlive the plugin container
+    assert env["MPS_DAEMON_MODE"] == "pod" and env["MPS_DAEMON_IMAGE"] == ctr["image"]
+    assert env["MPS_RECONCILE_SECONDS"] == "5"
+
+
+def test_mps_daemons_as_plugin_children_when_asked(helm: str) -> None:
+    _pod, ctr = _plugin(_template(helm, "kubeletPlugin.mps.daemonMode=process"))
+    env = _env(ctr)
+    assert env["MPS_DAEMON_MODE"] == "process" and "MPS_DAEMON_IMAGE" not in env
 
 
 def test_simulated_hardware_gets_its_own_driver_root_by_default(helm: str) -> None:
@@ -479,6 +488,8 @@ BAD_VALUES = [
     (["kubeletPlugin.gpuNodeLable=x"], "gpuNodeLable"),
     (["nvidiaDriverRoot=run/nvidia/driver"], "/nvidiaDriverRoot"),
     (["image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+    (["kubeletPlugin.mps.daemonMode=host"], "/kubeletPlugin/mps/daemonMode"),
+    (["kubeletPlugin.mps.reconcileSeconds=30"], "/kubeletPlugin/mps/reconcileSeconds"),
     (["webhook.failurePolicy=Retry"], "/webhook/failurePolicy"),
     (["deviceClasses.gpu.extendedResourceName=not a name"], "/deviceClasses/gpu/extendedResourceName"),
     (["webhook.tls.mode=secret"], "webhook.tls.mode=secret needs webhook.tls.secretName"),

@@ -18,7 +18,15 @@ import pytest
 from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.mps import process_start_time
 from tests.plugin.kubelet_client import ClaimId, KubeletClient
-from tests.plugin.plugin_harness import V1B1, ClaimFactory, PluginProcess, Result, SimNode, opaque
+from tests.plugin.plugin_harness import (
+    V1B1,
+    ClaimFactory,
+    PluginProcess,
+    Result,
+    SimNode,
+    opaque,
+    time_slicing,
+)
 
 pytestmark = pytest.mark.apiserver
 
@@ -152,4 +160,41 @@ def test_unprepare_with_the_gpu_gone_finishes_and_is_cleaned_when_it_returns(
     while json.loads((node.plugin_dir / "sharing-registry.json").read_text())["pendingComputeModes"]:
         assert time.monotonic() < deadline, "the pending cleanup was not done after the GPU returned"
         time.sleep(0.1)
+    kubelet.close()
+
+
+def test_time_slice_and_mig_on_lost_gpus_unprepare_and_are_cleaned_when_they_return(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    start_plugin(env={"MPS_RECONCILE_SECONDS": "0.5"})
+    kubelet = KubeletClient(node.registration_socket)
+    gpu0, gpu1 = (g.uuid for g in node.sim_state().gpus[:2])
+    name, uid = claims.make("sliced", [Result("gpu", "gpu-0")], [opaque(time_slicing("Long"), ["gpu"])])
+    sliced = ClaimId("sliced", uid, name)
+    name, uid = claims.make("mig", [Result("mig", MIG_DEVICE)])
+    mig = ClaimId("mig", uid, name)
+    prepare(kubelet, sliced)
+    prepare(kubelet, mig)
+    assert node.timeslices() == {gpu0: 3} and len(node.mig_instances()) == 1
+    node.hardware_cli("gpu-lost", "--gpu", "0")
+    node.hardware_cli("gpu-lost", "--gpu", "1")
+    started = time.monotonic()
+    answer = kubelet.unprepare([sliced, mig])
+    assert {uid: r.error for uid, r in answer.claims.items()} == {sliced.uid: "", mig.uid: ""}
+    assert time.monotonic() - started < 10
+    assert node.checkpoint()["claims"] == {}
+    registry = json.loads((node.plugin_dir / "sharing-registry.json").read_text())
+    assert registry["pendingTimeSliceResets"] == [gpu0]
+    assert [p["parentUuid"] for p in registry["pendingMigDestroy"]] == [gpu1]
+    node.hardware_cli("recover", "--gpu", "0")
+    node.hardware_cli("recover", "--gpu", "1")
+    deadline = time.monotonic() + 10
+    while True:
+        registry = json.loads((node.plugin_dir / "sharing-registry.json").read_text())
+        if not registry["pendingTimeSliceResets"] and not registry["pendingMigDestroy"]:
+            break
+        assert time.monotonic() < deadline, f"pending cleanup not done after the GPUs returned: {registry}"
+        time.sleep(0.1)
+    assert node.timeslices() == {} and node.mig_instances() == []
+    assert registry["createdMig"] == []
     kubelet.close()

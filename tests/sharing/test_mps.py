@@ -343,7 +343,7 @@ def test_unprepare_on_a_vanished_gpu_finishes_and_is_cleaned_when_it_returns(nod
     manager.unprepare_group("claim-1", result.state)  # no exception: the kubelet can finish the pod
     assert time.monotonic() - started < 10
     assert node.leftovers() == []
-    assert manager.pending_cleanup() == {uuid: int(ComputeMode.PROHIBITED)}
+    assert manager.pending_cleanup() == {uuid: ["compute mode PROHIBITED to restore"]}
     assert manager.reconcile_mps([]).restored_modes == []  # still gone
     nvml.recover_gpu(0)
     assert manager.reconcile_mps([]).restored_modes == [uuid]
