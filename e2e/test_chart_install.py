@@ -32,6 +32,7 @@ from e2e.lib.chart import CHART_DIR, find_helm
 from e2e.lib.kubectl import Kubectl, KubectlError
 from e2e.lib.settings import DRIVER_NAME, E2ESettings
 from e2e.lib.waiting import wait_until
+from e2e.lib.workloads import claim, claim_template, gpu_config_time_slicing
 
 pytestmark = [
     pytest.mark.e2e,
@@ -274,6 +275,72 @@ def test_webhook_rejects_invalid_opaque_config(release: Release, namespace: str)
     assert "strategy" in proc.stderr, proc.stderr
 
 
+def _try(kubectl: Kubectl, doc: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return kubectl.try_apply(json.dumps(doc), namespace=doc["metadata"]["namespace"])
+
+
+def test_webhook_pods_down_block_only_gpu_nvidia_com_configs(release: Release, namespace: str) -> None:
+    """One of the two webhook replicas deleted: nothing is refused. Every replica gone (scaled to 0, as after
+    a failed image pull or a drain without the PDB): only objects carrying a gpu.nvidia.com opaque config wait
+    for it (failurePolicy Fail); claims for another driver, claims and templates without a config create, and
+    a stored claim with a config can still be annotated and deleted. Back to two replicas: as before."""
+    kubectl = release.kubectl
+    config = gpu_config_time_slicing("Medium")
+    assert _try(kubectl, claim(namespace, "stored", config)).returncode == 0
+    first = _pods(kubectl, WEBHOOK_SELECTOR)
+    assert len(first) == 2, [p["metadata"]["name"] for p in first]
+    kubectl.run("delete", "pod", "-n", NAMESPACE, first[0]["metadata"]["name"], "--wait=false")
+    one_down = _try(kubectl, claim(namespace, "with-one-replica", config))
+    assert one_down.returncode == 0, one_down.stderr
+
+    deployment = f"deployment/{RELEASE}-webhook"
+    kubectl.run("scale", deployment, "-n", NAMESPACE, "--replicas=0")
+    try:
+        wait_until(lambda: not _pods(kubectl, WEBHOOK_SELECTOR), timeout_s=60, what="webhook pods gone")
+        refused = _try(kubectl, claim(namespace, "while-down", config))
+        assert refused.returncode != 0, "a gpu.nvidia.com config was admitted with every webhook pod gone"
+        assert "validate-resource-claim-parameters.gpu.nvidia.com" in refused.stderr, refused.stderr
+        other = {"driver": "other.example.com", "parameters": {"kind": "Anything"}}
+        for doc in (
+            _claim_without_config(namespace, "other-driver", other),
+            _claim_without_config(namespace, "no-config"),
+            claim_template(namespace, "template-no-config"),
+        ):
+            created = _try(kubectl, doc)
+            assert created.returncode == 0, f"{doc['metadata']['name']} refused: {created.stderr}"
+        claims = "resourceclaims.resource.k8s.io"
+        kubectl.run("annotate", claims, "stored", "-n", namespace, "e2e/touched=yes")
+        kubectl.run("delete", claims, "stored", "-n", namespace, "--timeout=60s")
+    finally:
+        kubectl.run("scale", deployment, "-n", NAMESPACE, "--replicas=2")
+
+    def two_ready() -> bool:
+        pods = _pods(kubectl, WEBHOOK_SELECTOR)
+        return len(pods) == 2 and all(_ready(p) for p in pods)
+
+    wait_until(two_ready, timeout_s=120, what="two webhook pods Ready again")
+    wait_until(
+        lambda: _try(kubectl, claim(namespace, "after", config)).returncode == 0,
+        timeout_s=30, what="a valid config admitted again",
+    )  # fmt: skip
+    bad = _try(kubectl, claim(namespace, "bad-after", gpu_config_time_slicing("VeryLong")))
+    assert bad.returncode != 0 and "sharing.timeSlicingConfig.interval" in bad.stderr, bad.stderr
+
+
+def _claim_without_config(ns: str, name: str, opaque: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A claim for one gpu.nvidia.com device; `opaque`, when given, is another driver's config."""
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+    devices: dict[str, Any] = {"requests": [request]}
+    if opaque is not None:
+        devices["config"] = [{"requests": ["gpu"], "opaque": opaque}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {"devices": devices},
+    }
+
+
 def test_gpu_pod_runs_with_device_nodes(release: Release, namespace: str) -> None:
     manifest = [
         {
@@ -419,6 +486,123 @@ def test_mps_daemon_pods_outlive_a_rollout_restart_of_the_plugin(release: Releas
     kubectl.apply("\n---\n".join(json.dumps(d) for d in late), namespace=namespace)
     _running(release, namespace, "tenant-c")
     kubectl.run("delete", "pod", "--all", "-n", namespace, "--wait=true", "--timeout=120s")
+    wait_until(lambda: not _pods(kubectl, MPS_DAEMON_SELECTOR), timeout_s=120, what="MPS daemon pods deleted")
+
+
+def _mps_manifest(
+    name: str, namespace: str, device_class: str, kind: str, selector: str | None = None
+) -> list[dict[str, Any]]:
+    """A pod whose claim (from a template) asks for one device of `device_class` under MPS (`kind`:
+    GpuConfig or MigDeviceConfig) with limits."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    mps = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "4Gi"}
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": {
+                "requests": [{"name": "dev", "exactly": exactly}],
+                "config": [{"requests": ["dev"], "opaque": {"driver": DRIVER_NAME, "parameters": {
+                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": kind,
+                    "sharing": {"strategy": "MPS", "mpsConfig": mps},
+                }}}],
+            }}},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": name}],
+                "containers": [{
+                    "name": "ctr", "image": "registry.local/busybox:1", "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "sleep 3600"], "resources": {"claims": [{"name": "dev"}]},
+                }],
+            },
+        },
+    ]  # fmt: skip
+
+
+def _plugin_host_pid() -> int:
+    """The host pid of the chart's kubelet-plugin process (the host-process driver is stopped here)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"dra-gpu") for a in argv) and b"kubelet-plugin" in argv:
+            found.append(int(proc.name))
+    assert len(found) == 1, f"expected one kubelet-plugin process on the host, found {found}"
+    return found[0]
+
+
+def test_mps_daemons_of_every_claim_kind_survive_a_sigkill_of_the_plugin(
+    release: Release, namespace: str
+) -> None:
+    """Whole-GPU MPS, MIG + MPS and two fractional shares in two namespaces: a SIGKILL of the plugin process
+    (the container restarts) leaves every daemon pod running (same UIDs, no restart) and the workloads' env
+    and mounts as they were, and a new claim prepares afterwards."""
+    kubectl = release.kubectl
+    other = f"{namespace}-b"
+    kubectl.create_namespace(other)
+    try:
+        manifest = (
+            _mps_manifest("whole", namespace, "gpu.nvidia.com", "GpuConfig")
+            + _mps_manifest(
+                "mig", namespace, "mig.nvidia.com", "MigDeviceConfig",
+                f"device.attributes['{DRIVER_NAME}'].profile == '1g.10gb'",
+            )
+            + _share_manifest("tenant-a", namespace, "30", "10Gi")
+        )  # fmt: skip
+        kubectl.apply("\n---\n".join(json.dumps(d) for d in manifest), namespace=namespace)
+        kubectl.apply("\n---\n".join(json.dumps(d) for d in _share_manifest("tenant-b", other, "20", "8Gi")),
+                      namespace=other)  # fmt: skip
+        pods = [(namespace, "whole"), (namespace, "mig"), (namespace, "tenant-a"), (other, "tenant-b")]
+        for ns, name in pods:
+            _running(release, ns, name)
+
+        def daemons_ready() -> list[dict[str, Any]] | None:
+            found = _pods(kubectl, MPS_DAEMON_SELECTOR)
+            return found if len(found) == 4 and all(_ready(p) for p in found) else None
+
+        before = wait_until(daemons_ready, timeout_s=120, what="four MPS daemon pods Ready")
+        views = {(ns, name): _workload_view(release, ns, name) for ns, name in pods}
+        assert all("CUDA_MPS_PIPE_DIRECTORY=" in v for v in views.values()), views
+        restarts_before = sum(_plugin_restarts(kubectl).values())
+
+        os.kill(_plugin_host_pid(), 9)
+
+        def plugin_back() -> bool:
+            plugin = _pods(kubectl, PLUGIN_SELECTOR)
+            restarted = sum(_plugin_restarts(kubectl).values()) > restarts_before
+            return restarted and all(_ready(p) for p in plugin)
+
+        wait_until(plugin_back, timeout_s=180, what="the plugin container restarted and Ready")
+        time.sleep(12)  # more than one reconcile period of the restarted plugin
+        after = _pods(kubectl, MPS_DAEMON_SELECTOR)
+        assert sorted(p["metadata"]["uid"] for p in after) == sorted(p["metadata"]["uid"] for p in before)
+        restarts = [
+            c.get("restartCount", 0) for p in after for c in p.get("status", {}).get("containerStatuses", [])
+        ]
+        assert restarts == [0, 0, 0, 0], restarts
+        for (ns, name), view in views.items():
+            assert kubectl.get_json("pod", name, namespace=ns)["status"]["phase"] == "Running"
+            assert _workload_view(release, ns, name) == view
+
+        late = _share_manifest("tenant-c", namespace, "10", "4Gi")
+        kubectl.apply("\n---\n".join(json.dumps(d) for d in late), namespace=namespace)
+        _running(release, namespace, "tenant-c")
+    finally:
+        kubectl.run("delete", "pod", "--all", "-n", namespace, "--wait=true", "--timeout=120s")
+        kubectl.delete_namespace(other, wait=True)
     wait_until(lambda: not _pods(kubectl, MPS_DAEMON_SELECTOR), timeout_s=120, what="MPS daemon pods deleted")
 
 

@@ -197,12 +197,31 @@ def _request_explanation(
     return explanation
 
 
+def reason_groups(failures: Mapping[str, str], examples: int = 3) -> list[dict[str, Any]]:
+    """Each distinct per-node reason once, most common first: {reason, nodes: count, examples: [node...]}.
+
+    A fleet of identical nodes fails for one reason; listing it per node would repeat it a thousand times."""
+    by_reason: dict[str, list[str]] = {}
+    for node, reason in failures.items():
+        by_reason.setdefault(_node_neutral(node, reason), []).append(node)
+    return [
+        {"reason": reason, "nodes": len(names), "examples": names[:examples]}
+        for reason, names in sorted(by_reason.items(), key=lambda item: -len(item[1]))
+    ]
+
+
+def _node_neutral(node: str, reason: str) -> str:
+    """The reason with the node's own device prefix ("node-7/gpu-0") written as "<node>/gpu-0": identical
+    nodes name their devices alike, so their reasons then compare equal and are listed once."""
+    return reason.replace(f"{node}/", "<node>/")
+
+
 def _summarize_failures(failures: Mapping[str, str]) -> str:
     if not failures:
         return "no node can satisfy the claim"
     by_reason: dict[str, list[str]] = {}
     for node, reason in failures.items():
-        by_reason.setdefault(reason, []).append(node)
+        by_reason.setdefault(_node_neutral(node, reason), []).append(node)
     parts = []
     for reason, node_names in sorted(by_reason.items(), key=lambda item: -len(item[1])):
         shown = ", ".join(node_names[:3]) + (

@@ -21,7 +21,13 @@ from typing import Any
 
 from dra_gpu.allocator.builtin_classes import builtin_device_classes
 from dra_gpu.allocator.claims import DeviceClassSpec, claim_from_object, parse_device_class
-from dra_gpu.allocator.explain import ClaimExplanation, RequestExplanation, explain, isolation_notes
+from dra_gpu.allocator.explain import (
+    ClaimExplanation,
+    RequestExplanation,
+    explain,
+    isolation_notes,
+    reason_groups,
+)
 from dra_gpu.allocator.model import ClaimSpec, InputError, Rejection
 from dra_gpu.allocator.pools import Node, SliceIndex
 from dra_gpu.allocator.replicate import replicate_slices
@@ -75,6 +81,13 @@ def register(subparsers: Any) -> None:
     )
     source.add_argument("--hardware", metavar="PROFILE", help="simulate nodes of a built-in hardware profile")
     parser.add_argument("--nodes", type=int, default=1, help="number of nodes with --hardware (default 1)")
+    parser.add_argument(
+        "--consumable-shares",
+        default="disabled",
+        metavar="MODE",
+        help="with --hardware: nodes whose plugin runs with --consumable-shares MODE (disabled, memory, "
+        "unlimited or N), for NVIDIA's consumable-shares manifests (default disabled)",
+    )
     parser.add_argument(
         "--kubernetes-version",
         default=f"{MODELED_RELEASE[0]}.{MODELED_RELEASE[1]}",
@@ -157,7 +170,9 @@ def _load_inventory(args: argparse.Namespace) -> Inventory:
     if args.slices:
         return _file_inventory(args.slices)
     if args.hardware:
-        return _hardware_inventory(args.hardware, args.nodes, args.kubernetes_version)
+        return _hardware_inventory(
+            args.hardware, args.nodes, args.kubernetes_version, getattr(args, "consumable_shares", "disabled")
+        )
     raise UsageError("no inventory: use --kubeconfig, --slices PATH, or --hardware PROFILE [--nodes N]")
 
 
@@ -190,14 +205,21 @@ def _check_v1(document: Document) -> None:
         )
 
 
-def _hardware_inventory(profile: str, count: int, kubernetes_version: str) -> Inventory:
+def _hardware_inventory(
+    profile: str, count: int, kubernetes_version: str, consumable_shares: str = "disabled"
+) -> Inventory:
     from dra_gpu.hardware.interface import HardwareError
     from dra_gpu.hardware.loader import open_hardware
+    from dra_gpu.inventory.consumable_shares import parse_consumable_shares
     from dra_gpu.inventory.device_model import ModelOptions, build_device_model
     from dra_gpu.slices.slice_builder import build_slices
 
     if count < 1:
         raise UsageError("--nodes must be at least 1")
+    try:
+        shares = parse_consumable_shares(consumable_shares)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     try:
         major, minor = parse_minor(kubernetes_version)
     except ReleaseError as error:
@@ -213,7 +235,7 @@ def _hardware_inventory(profile: str, count: int, kubernetes_version: str) -> In
         raise UsageError(f"--hardware {profile}: {error}") from None
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    model = build_device_model(discovery, ModelOptions())
+    model = build_device_model(discovery, ModelOptions(consumable_shares=shares))
     width = len(str(count - 1))
     names = [f"node-{i:0{width}d}" for i in range(count)]
     inventory = Inventory(
@@ -401,6 +423,8 @@ def _to_json(
                 "allocatable": e.allocatable,
                 "node": e.node,
                 "reason": e.reason,
+                # each distinct per-node reason once with its node count (added field; `reason` unchanged)
+                "reasonGroups": reason_groups(e.node_failures) if not e.allocatable else [],
                 "requests": [_request_json(r) for r in e.requests],
                 # what MPS cannot isolate, for claims that would share a GPU through it (else empty)
                 "isolation": isolation_notes(e.results, e.configs) if e.allocatable else [],
@@ -486,6 +510,10 @@ def _to_table(
         else:
             lines.append(f"ResourceClaim {_claim_label(explanation)}: NOT ALLOCATABLE")
             lines.append(f"  why: {explanation.reason}")
+            for group in reason_groups(explanation.node_failures):
+                lines.append(
+                    f"    on {group['nodes']} node(s), e.g. {', '.join(group['examples'])}: {group['reason']}"
+                )
         for request in explanation.requests:
             lines.append(f"  request {request.name}:")
             lines.extend(_request_lines(request, verbose, "    "))

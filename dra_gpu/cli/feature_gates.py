@@ -4,11 +4,14 @@ Gates here switch driver behaviour that must follow a cluster setting the plugin
 - DRAListTypeAttributes (alpha, default false): the cluster has the Kubernetes gate of the same name on
   (kube-apiserver and kube-scheduler, 1.36+), so list-typed attributes may be published as lists
   (`resource.kubernetes.io/numaNode` as `ints: [n]`). Without it they go out as scalars.
+- ConsumableShares (default false): accepted so that NVIDIA's settings (`ConsumableShares=true` next to
+  `--consumable-shares`) work unchanged; NVIDIA's driver needs the gate on before `--consumable-shares` may be
+  set, here `--consumable-shares` alone decides, so the gate changes nothing.
 """
 
 from __future__ import annotations
 
-KNOWN_GATES: dict[str, bool] = {"DRAListTypeAttributes": False}  # name -> default
+KNOWN_GATES: dict[str, bool] = {"DRAListTypeAttributes": False, "ConsumableShares": False}  # name -> default
 
 
 def parse_feature_gates(text: str | None) -> dict[str, bool]:

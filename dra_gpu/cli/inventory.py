@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
                             "productName": g.product_name,
                             "pciBusID": g.pci_bus_id,
                             "numaNode": g.numa_node,
+                            "addressingMode": g.addressing_mode,
                             "migEnabled": g.mig_enabled,
                         }
                         for g in discovery.gpus

@@ -177,6 +177,13 @@ def register(subparsers: Any) -> None:
     )
     add_device_health_args(p)
     p.add_argument(
+        "--consumable-shares",
+        default=_env("CONSUMABLE_SHARES", "disabled"),
+        help="share whole GPUs and existing MIG devices among claims, as NVIDIA's driver does: 'disabled', "
+        "'memory' (consumable memory, default the whole device), 'unlimited' (memory default 0) or a "
+        "positive integer N (at most N claims per device) [CONSUMABLE_SHARES] (default: disabled)",
+    )
+    p.add_argument(
         "--feature-gates",
         default=_env("FEATURE_GATES", ""),
         help="driver feature gates, NAME=true|false,...: DRAListTypeAttributes (publish list-typed "
@@ -272,9 +279,11 @@ def run(args: argparse.Namespace) -> int:
         print("dra-gpu kubelet-plugin: --node-name (or NODE_NAME) is required", file=sys.stderr)
         return 2
     from dra_gpu.cli.feature_gates import parse_feature_gates
+    from dra_gpu.inventory.consumable_shares import parse_consumable_shares
 
     try:
         parse_feature_gates(args.feature_gates)
+        shares = parse_consumable_shares(args.consumable_shares)
     except ValueError as error:
         print(f"dra-gpu kubelet-plugin: {error}", file=sys.stderr)
         return 2
@@ -289,6 +298,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_gpu.checkpoint.checkpoint_store import CheckpointError, CheckpointStore
     from dra_gpu.hardware.interface import HardwareError
     from dra_gpu.hardware.loader import open_hardware
+    from dra_gpu.inventory.device_model import ModelOptions
     from dra_gpu.kube.client import load_api_client
     from dra_gpu.plugin.claim_reader import KubeClaimReader
     from dra_gpu.plugin.device_inventory import DeviceInventory, DiscoveryFailedError, Rediscovery
@@ -320,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
         host_driver_root = args.nvidia_driver_root
         # Everything this process reads or runs comes from the container's view of the driver root.
         hardware = open_hardware(args.hardware, args.container_driver_root or host_driver_root)
-        inventory = DeviceInventory(hardware)
+        inventory = DeviceInventory(hardware, ModelOptions(consumable_shares=shares))
         # device taints from NVML health events (the view is the inventory's model plus those taints)
         health_view = start_device_health(args, hardware, inventory.model, paths.plugin_dir)
     except (HardwareError, SocketSetupError, ValueError) as exc:

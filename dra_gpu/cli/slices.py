@@ -14,6 +14,7 @@ import yaml
 from dra_gpu.cli.feature_gates import parse_feature_gates
 from dra_gpu.cli.hardware import add_hardware_args, hardware_from_args
 from dra_gpu.hardware.interface import HardwareError
+from dra_gpu.inventory.consumable_shares import parse_consumable_shares
 from dra_gpu.inventory.device_model import ModelOptions, build_device_model
 from dra_gpu.slices.slice_builder import build_slices
 from dra_gpu.slices.slice_validation import validate_slices
@@ -52,6 +53,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--generation", type=int, default=1, help="pool generation (default 1)")
     parser.add_argument("--no-dynamic-mig", dest="dynamic_mig", action="store_false")
     parser.add_argument("--no-fractional", dest="fractional", action="store_false")
+    parser.add_argument(
+        "--consumable-shares",
+        default="disabled",
+        help="as for kubelet-plugin: disabled, memory, unlimited or N (whole GPUs shared among claims)",
+    )
     parser.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml")
     parser.set_defaults(func=run)
 
@@ -59,6 +65,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         lists = parse_feature_gates(args.feature_gates)["DRAListTypeAttributes"]
+        shares = parse_consumable_shares(args.consumable_shares)
     except ValueError as bad_gate:
         print(f"dra-gpu slices: {bad_gate}", file=sys.stderr)
         return 2
@@ -72,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
         where = f"GPU index {error.gpu_index}" if error.gpu_index is not None else "driver"
         print(f"dra-gpu slices: warning: {where} not published: {error.message}", file=sys.stderr)
     model = build_device_model(
-        discovery, ModelOptions(dynamic_mig=args.dynamic_mig, fractional=args.fractional)
+        discovery,
+        ModelOptions(dynamic_mig=args.dynamic_mig, fractional=args.fractional, consumable_shares=shares),
     )
     try:
         slices = build_slices(

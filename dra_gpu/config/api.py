@@ -17,8 +17,10 @@ These are the `parameters` of a ResourceClaim / DeviceClass `config[].opaque` en
 Decoding is strict (unknown fields are rejected, types are not coerced) and every error names the field
 path and what is allowed. The same `decode_opaque_config` runs in the admission webhook and in the kubelet
 plugin, so a config the webhook admits is one the plugin can apply. Checks that need the allocated devices (a
-per-device key that names no allocated device, a limit larger than the device) are made at prepare time by
-`MpsConfig.pinned_memory_limits`, still here so that all validation of this API lives in one module.
+per-device key that names no allocated device) are made at prepare time by `MpsConfig.pinned_memory_limits`,
+still here so that all validation of this API lives in one module. A limit larger than the device is not an
+error: NVIDIA's driver accepts it (its only check is "at least 1 MiB") and MPS cannot pin more than the device
+has, so it is clamped to the device's memory and the caller is told (the plugin logs a warning).
 
 The deprecated `gpu.nvidia.com/v1alpha1` spelling (older talks and examples) is accepted and converted, with a
 deprecation warning in the log. Unlike the old driver, a config without `sharing` does not imply time-slicing:
@@ -167,12 +169,18 @@ class MpsConfig(_StrictModel):
         return value
 
     def pinned_memory_limits(
-        self, uuids: Sequence[str], memory_bytes: Mapping[str, int], field_prefix: str = "sharing.mpsConfig"
+        self,
+        uuids: Sequence[str],
+        memory_bytes: Mapping[str, int],
+        field_prefix: str = "sharing.mpsConfig",
+        clamped: list[str] | None = None,
     ) -> dict[str, int]:
         """Resolve the limits for the allocated devices: UUID -> bytes (rounded down to whole MiB).
 
         `uuids` are the devices MPS runs on (indices refer to them sorted); `memory_bytes`: each one's memory.
-        Raises ConfigError for a key that names no allocated device or a limit larger than the device.
+        Raises ConfigError for a key that names no allocated device. A limit larger than its device is
+        clamped to the device's memory (NVIDIA's driver accepts such a limit; it cannot be reached anyway),
+        with one message per clamped device appended to `clamped` for the caller to report.
         """
         ordered = sorted(uuids)
         limits: dict[str, int] = {}
@@ -200,22 +208,22 @@ class MpsConfig(_StrictModel):
                 errors.append(ConfigError(path, reason))
                 continue
             limits[uuid] = parse_quantity(text)
+        if errors:
+            raise ConfigError.combine(errors)
         for uuid, limit in limits.items():
             total = memory_bytes.get(uuid)
             if total is not None and limit > total:
                 which = (
                     "defaultPerDevicePinnedMemoryLimit"
                     if self._per_device_names(uuid, ordered)
-                    else ("defaultPinnedDeviceMemoryLimit")
+                    else "defaultPinnedDeviceMemoryLimit"
                 )
-                errors.append(
-                    ConfigError(
-                        f"{field_prefix}.{which}",
-                        f"limit {format_bytes(limit)} is larger than device {uuid} ({format_bytes(total)})",
+                limits[uuid] = total
+                if clamped is not None:
+                    clamped.append(
+                        f"{field_prefix}.{which}: limit {format_bytes(limit)} is larger than device {uuid} "
+                        f"({format_bytes(total)}); clamped to {format_bytes(total - total % MIB)}"
                     )
-                )
-        if errors:
-            raise ConfigError.combine(errors)
         return {uuid: limit - limit % MIB for uuid, limit in limits.items()}
 
     def _per_device_names(self, uuid: str, ordered: Sequence[str]) -> bool:

@@ -40,6 +40,9 @@ ARCHITECTURE_NAMES = {
 }
 ARCH_HOPPER = 9
 ARCH_UNKNOWN = 0xFFFFFFFF
+# NVML_DEVICE_ADDRESSING_MODE_* -> the strings NVIDIA's driver publishes as `addressingMode` (go-nvlib's
+# GetAddressingModeAsString: NONE -> "None", HMM -> "HMM", ATS -> "ATS").
+ADDRESSING_MODE_NAMES = {0: "None", 1: "HMM", 2: "ATS"}
 BRAND_NAMES = {
     0: "Unknown",
     1: "Quadro",
@@ -193,6 +196,7 @@ class NvmlHardware:
             pcie_root=self._pcie_root(bus_id),
             numa_node=self._numa_node(what, h),
             interconnect=self._interconnect(what, h),
+            addressing_mode=self._addressing_mode(what, h),
             mig_capable=mig_capable,
             mig_enabled=mig_current,
             mig_pending=mig_pending,
@@ -223,6 +227,24 @@ class NvmlHardware:
                 return None
             raise HardwareError(f"{what}: nvmlDeviceGetNumaNodeId failed: {self._describe(err)}") from err
         return node if node >= 0 else None
+
+    def _addressing_mode(self, what: str, h: Any) -> str | None:
+        """HMM/ATS/None, or None (no attribute) where the driver lacks the call or the platform does not
+        support it, as NVIDIA's driver does; any other failure fails the GPU, as it does there too."""
+        try:
+            mode = int(self._nvml.nvmlDeviceGetAddressingMode(h))
+        except AttributeError:  # a pynvml older than the call
+            return None
+        except self._nvml.NVMLError as err:
+            if self._is(err, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND"):
+                return None
+            raise HardwareError(
+                f"{what}: nvmlDeviceGetAddressingMode failed: {self._describe(err)}",
+                nvml_code=self._code(err),
+            ) from err
+        if mode not in ADDRESSING_MODE_NAMES:
+            raise HardwareError(f"{what}: nvmlDeviceGetAddressingMode returned unknown mode {mode}")
+        return ADDRESSING_MODE_NAMES[mode]
 
     def _multiprocessors(
         self, what: str, h: Any, capability: tuple[int, int], profiles: tuple[MigProfileInfo, ...]

@@ -271,6 +271,10 @@ class NodeLayout:
     slots: tuple[GpuSlot, ...]
     driver_version: str = "570.133.20"
     cuda_driver_version: int = 12080  # nvmlSystemGetCudaDriverVersion_v2: 1000*major + 10*minor
+    # What nvmlDeviceGetAddressingMode reports (NVML_DEVICE_ADDRESSING_MODE_*: 0 none, 1 HMM, 2 ATS), a
+    # property of the platform (kernel, open kernel modules, coherent CPU-GPU link), not of the GPU model.
+    # None: the platform does not support the query (NOT_SUPPORTED); R535 drivers lack the call altogether.
+    addressing_mode: int | None = None
 
 
 # DGX A100/H100 bus numbers as `nvidia-smi` lists them on those systems (GPU 0-3 on NUMA 0, 4-7 on NUMA 1).
@@ -298,7 +302,12 @@ NODE_LAYOUTS: dict[str, NodeLayout] = {
     layout.key: layout
     for layout in (
         NodeLayout("dgx-a100", "DGX A100: 8x A100-SXM4-40GB on NVSwitch, two NUMA nodes", _dgx(A100_40GB)),
-        NodeLayout("dgx-h100", "DGX H100: 8x H100 80GB HBM3 on NVSwitch, two NUMA nodes", _dgx(H100_80GB)),
+        NodeLayout(
+            "dgx-h100",
+            "DGX H100: 8x H100 80GB HBM3 on NVSwitch, two NUMA nodes, HMM (open kernel modules)",
+            _dgx(H100_80GB),
+            addressing_mode=1,
+        ),
         NodeLayout(
             "pcie-4x-l40s",
             "4x L40S on PCIe only, two NUMA nodes",

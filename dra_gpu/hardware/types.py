@@ -100,6 +100,8 @@ class GpuInfo:
     mig_profiles: tuple[MigProfileInfo, ...] = ()
     mig_instances: tuple[MigInstance, ...] = ()
     mig_empty_gpu_instances: tuple[MigGpuInstance, ...] = ()  # GPU instances with no compute instance
+    # "HMM", "ATS" or "None" (nvmlDeviceGetAddressingMode); None where the driver or platform reports none
+    addressing_mode: str | None = None
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,9 @@ keeping the low starts that the large profiles need (4g and 7g only fit at 0) fr
 
 Attributes: NVIDIA's names and types (`type`, `uuid`, `productName`, `brand`, `architecture`,
 `cudaComputeCapability`, `driverVersion`, `cudaDriverVersion`, `resource.kubernetes.io/pciBusID`,
-`resource.kubernetes.io/pcieRoot`, and on MIG `parentUUID`, `profile`) plus ours: `numaNode` (int, -1 when the
-platform reports none), `interconnect` (`nvswitch-0`, `nvlink` or `pcie`), and on MIG `placementStart`,
+`resource.kubernetes.io/pcieRoot`, `resource.kubernetes.io/numaNode` (left out when the platform reports
+none), `addressingMode` (`HMM`, `ATS` or `None`; left out where NVML cannot tell), and on MIG `parentUUID`,
+`profile`) plus ours: `interconnect` (`nvswitch-0`, `nvlink` or `pcie`), and on MIG `placementStart`,
 `memorySlices`, `computeSlices` (ints). Dynamic MIG devices have no `uuid` (the instance does not exist yet);
 otherwise every device of one type has the same attribute set.
 """
@@ -61,6 +62,7 @@ from dra_gpu.hardware.types import (
     MigProfileInfo,
 )
 from dra_gpu.inventory import mig_geometry, naming
+from dra_gpu.inventory.consumable_shares import DISABLED, ConsumableShares, apply_consumable_shares
 from dra_gpu.inventory.model import (
     Attribute,
     Capacity,
@@ -76,6 +78,7 @@ from dra_gpu.inventory.model import (
 GIB = 1024 * 1024 * 1024
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA_NODE = "resource.kubernetes.io/numaNode"
 SHARE_COMPUTE_PERCENT = 100
 # Volta MPS: the first compute capability whose MPS enforces per-client SM and memory limits.
 MIN_SHARE_COMPUTE_CAPABILITY = (7, 0)
@@ -88,6 +91,8 @@ class ModelOptions:
     share_memory_step: int = GIB  # smallest memory a share request may ask for, and its granularity
     share_compute_min: int = 5  # percent of SMs
     share_compute_default: int = 10
+    # NVIDIA's --consumable-shares: whole GPUs and existing MIG devices shared by several claims
+    consumable_shares: ConsumableShares = DISABLED
 
 
 # (parent GPU UUID, GPU-instance id) of the MIG instances the plugin created for checkpointed claims
@@ -115,11 +120,16 @@ def _common_attributes(gpu: GpuInfo, discovery: DiscoveryResult) -> dict[str, At
         "driverVersion": Attribute("version", semver(discovery.driver_version)),
         "cudaDriverVersion": Attribute("version", f"{cuda_major}.{cuda_minor}.0"),
         PCI_BUS_ID: Attribute("string", gpu.pci_bus_id),
-        "numaNode": Attribute("int", -1 if gpu.numa_node is None else gpu.numa_node),
         "interconnect": Attribute("string", gpu.interconnect or "pcie"),
     }
     if gpu.pcie_root:
         attrs[PCIE_ROOT] = Attribute("string", gpu.pcie_root)
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        # A one-element list (KEP-5491/6072): the slice builder publishes it as `int` unless list-typed
+        # attributes are on (then `ints: [n]`), as NVIDIA's driver does; left out when unknown, as there.
+        attrs[NUMA_NODE] = Attribute("ints", (gpu.numa_node,))
+    if gpu.addressing_mode is not None:
+        attrs["addressingMode"] = Attribute("string", gpu.addressing_mode)
     return attrs
 
 
@@ -379,7 +389,7 @@ def build_device_model(
     warnings: list[str] = [e.message for e in discovery.errors]  # messages already name the GPU
     for gpu in sorted(discovery.gpus, key=lambda g: g.minor):
         gpu_devices, counter_set, gpu_warnings = _gpu_devices(gpu, discovery, options, owned_mig)
-        devices.extend(gpu_devices)
+        devices.extend(apply_consumable_shares(d, options.consumable_shares) for d in gpu_devices)
         warnings.extend(gpu_warnings)
         if counter_set is not None:
             counter_sets.append(counter_set)

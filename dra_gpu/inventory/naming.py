@@ -2,12 +2,10 @@
 
 - full GPU: `gpu-<minor>` (the /dev/nvidia<minor> number, stable across boots, unlike the NVML index);
 - MIG (static and dynamic): `gpu-<minor>-mig-<profile>-<giProfileId>-<placementStart>` where `<profile>` is
-  the
-  profile name without dots and with `+` written as `p` (`1g.10gb+me` -> `1g10gbpme`), because neither is
-  allowed in
-  a DNS label; NVIDIA's rendering of `+` is unconfirmed, `p` keeps the name readable and unambiguous (profile
-  names
-  never contain a `p` of their own: `<n>g.<m>gb[+me|+gfx...]`);
+  the profile name without dots, lower-cased, every other character outside `[a-z0-9-]` written as `-`, and
+  leading/trailing `-` trimmed (`1g.10gb+me` -> `1g10gb-me`, `1g.10gb+me.all` -> `1g10gb-meall`,
+  `1g.10gb+gfx` -> `1g10gb-gfx`, `1g.10gb-me` -> `1g10gb-me`). That is NVIDIA's rule, so names match theirs
+  for the same hardware; `+me` and `-me` share a label, the GI profile id keeps the names apart;
 - fractional share of a GPU: `gpu-<minor>-shared`;
 - counter set: `gpu-<minor>-counter-set`; memory-slice counter `memory-slice-<i>`.
 """
@@ -20,6 +18,7 @@ from dataclasses import dataclass
 _MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$")
 _GPU_NAME = re.compile(r"^gpu-(\d+)$")
 _SHARE_NAME = re.compile(r"^gpu-(\d+)-shared$")
+_NOT_LABEL_CHAR = re.compile(r"[^a-z0-9-]")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -32,8 +31,9 @@ def share_device_name(minor: int) -> str:
 
 
 def profile_label(profile: str) -> str:
-    """`1g.10gb+me` -> `1g10gbpme`: the MIG profile as it appears in device names."""
-    return profile.replace(".", "").replace("+", "p").lower()
+    """`1g.10gb+me` -> `1g10gb-me`: the MIG profile as it appears in device names (NVIDIA's rule: dots
+    dropped, then RFC 1123 clean-up: lower case, anything else outside [a-z0-9-] -> `-`, `-` trimmed)."""
+    return _NOT_LABEL_CHAR.sub("-", profile.replace(".", "").lower()).strip("-")
 
 
 def mig_device_name(minor: int, profile: str, gi_profile_id: int, placement_start: int) -> str:

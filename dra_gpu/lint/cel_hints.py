@@ -23,6 +23,9 @@ CAPACITY_NAMES = {
 }
 VERSION_ATTRIBUTES = {"driverVersion", "cudaDriverVersion", "cudaComputeCapability"}
 REMOVED_ATTRIBUTES = {"index", "minor"}
+# Attributes that live in another domain than the user wrote: (domain, name) -> where they are now. dra-gpu
+# once published gpu.nvidia.com/numaNode; NVIDIA's driver (and now dra-gpu) publishes only the standard one.
+MOVED_ATTRIBUTES = {(DRIVER, "numaNode"): "resource.kubernetes.io/numaNode"}
 
 
 def _device_path(node: Node) -> tuple[str, ...] | None:
@@ -80,6 +83,13 @@ def hints(tree: Node) -> list[str]:
                 add(
                     f"attribute {domain!r} has no domain: device.attributes is keyed by domain first, e.g. "
                     f"device.attributes['{DRIVER}'].{domain}"
+                )
+            moved = MOVED_ATTRIBUTES.get((domain, path[2])) if len(path) >= 3 else None
+            if moved is not None:
+                moved_domain, moved_name = moved.split("/")
+                add(
+                    f"attribute {domain}/{path[2]} is not published (as in NVIDIA's driver): use "
+                    f"device.attributes['{moved_domain}'].{moved_name}"
                 )
             if len(path) >= 3 and path[2] in REMOVED_ATTRIBUTES and domain == DRIVER:
                 add(

@@ -15,7 +15,7 @@ from dra_gpu.cel.environment import compile_selector
 from dra_gpu.cel.errors import CelCompileError
 from dra_gpu.cel.release import NEWEST, CelRelease
 from dra_gpu.cel.syntax import parse
-from dra_gpu.lint.cel_hints import hints
+from dra_gpu.lint.cel_hints import MOVED_ATTRIBUTES, hints
 from dra_gpu.lint.manifests import Document, Located
 
 RESOURCE_GROUP = "resource.k8s.io"
@@ -314,6 +314,17 @@ class Linter:
                         key,
                         f"{field}.{key}: {value!r} must be fully qualified",
                         f"{key}: {DRIVER}/{value}",
+                    )
+                domain, _, name = str(value).partition("/")
+                moved = MOVED_ATTRIBUTES.get((domain, name)) if value is not None else None
+                if moved is not None:
+                    self._add(
+                        document,
+                        constraint,
+                        key,
+                        f"{field}.{key}: attribute {value!r} is not published (nor by NVIDIA's driver): "
+                        "no device has it, so the claim cannot be allocated",
+                        f"{key}: {moved}",
                     )
                 if value is not None and str(value).split("/")[-1] in ("index", "minor"):
                     self._add(

@@ -221,10 +221,13 @@ class HardwareSharingManager:
         uuids = list(mps.static_uuids) + [created[name].uuid for name in mps.dynamic_mig_devices]
         names_by_uuid = self._uuid_names(mps, created)
         memory = {uuid: mps.memory_bytes[name] for uuid, name in names_by_uuid.items()}
+        clamped: list[str] = []
         try:
-            limits = mps.config.pinned_memory_limits(uuids, memory)
+            limits = mps.config.pinned_memory_limits(uuids, memory, clamped=clamped)
         except ConfigError as err:
             raise SharingError(str(err)) from None
+        for message in clamped:  # accepted as NVIDIA's driver does, but the user should know
+            log.warning("MPS pinned memory limit clamped", claim_uid=claim_uid, detail=message)
         spec = DaemonSpec(
             daemon_id=group_daemon_id(claim_uid, uuids),
             visible_uuids=tuple(uuids),

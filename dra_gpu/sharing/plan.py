@@ -13,6 +13,10 @@ Semantics of the combinations:
   asked.
 - MPS starts one control daemon for the group, over its full GPUs and/or MIG devices (MPS runs per MIG device
   on a MIG-enabled GPU). Pre-Volta GPUs (compute capability < 7.0) cannot run it.
+- A whole GPU shared by `--consumable-shares` (allowMultipleAllocations, the result has a shareID) whose claim
+  consumed part of its memory is enforced like a GPU_SHARE device (pinned memory = the consumed memory, every
+  SM) when the group holds nothing else; otherwise it is given as NVIDIA's driver gives it, without limits.
+  MPS on a device other claims share is refused, as there (one claim's daemon would take it from the others).
 - A fractional share (GPU_SHARE device) is always enforced with MPS limits taken from its consumed capacity,
   set on the claim's own control daemon over that GPU (claims never share a daemon, pipe or /dev/shm; the
   daemon's limits are a ceiling that no client env can raise). A group with shares may hold only
@@ -57,7 +61,7 @@ class MpsPlan:
     static_uuids: tuple[str, ...]  # device UUIDs known before prepare (full GPUs, static MIG)
     dynamic_mig_devices: tuple[str, ...]  # device names whose UUID exists only after creation
     config: MpsConfig
-    memory_bytes: Mapping[str, int]  # device name -> memory, for the "limit larger than device" check
+    memory_bytes: Mapping[str, int]  # device name -> memory, to clamp a limit larger than the device
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,9 @@ def build_plan(
     if shares:
         share_plan = _share_plan(shares, active, config, gpus)
         return _replace(plan, shares=share_plan)
+    gpu_shares = _memory_shares_of_gpu(active, config, gpus)
+    if gpu_shares:
+        return _replace(plan, shares=_share_plan(gpu_shares, active, config, gpus))
 
     full = [d for d in active if d.device.kind is DeviceKind.GPU]
     migs = [d for d in active if d.device.kind in (DeviceKind.MIG_STATIC, DeviceKind.MIG_DYNAMIC)]
@@ -102,6 +109,8 @@ def build_plan(
     if isinstance(config, MigDeviceConfig) and config.strategy == "TimeSlicing":
         return _replace(plan, mig_time_slicing=tuple(d.device.name for d in migs))
     mps_config = config.mps_config if config is not None else None
+    if mps_config is not None:
+        _refuse_mps_on_shared(full + migs)
     if mps_config is not None and (full or migs):
         for d in full + migs:
             _require_mps_capable(d, gpus)
@@ -194,13 +203,64 @@ def _device_memory(d: AllocatedDevice, gpus: Mapping[str, GpuInfo]) -> int:
     return _gpu(d, gpus).memory_bytes
 
 
+def _is_shared(d: AllocatedDevice) -> bool:
+    """A whole GPU or MIG device that other claims may hold too (`--consumable-shares`): it has a shareID."""
+    return d.device.allow_multiple_allocations and d.share_id is not None
+
+
+def _memory_fraction(d: AllocatedDevice) -> bool:
+    """A consumable share of a whole GPU that took part of its memory: enforceable like a GPU_SHARE device."""
+    if d.device.kind is not DeviceKind.GPU or not _is_shared(d):
+        return False
+    text = d.consumed_capacity.get(SHARE_CAPACITY_MEMORY)
+    capacity = d.device.capacity.get(SHARE_CAPACITY_MEMORY)
+    if text is None or capacity is None:
+        return False
+    try:
+        value = parse_quantity(str(text))
+    except QuantityError:
+        return False
+    return 0 < value < capacity.value
+
+
+def _memory_shares_of_gpu(
+    active: Sequence[AllocatedDevice], config: GpuConfig | MigDeviceConfig | None, gpus: Mapping[str, GpuInfo]
+) -> list[AllocatedDevice]:
+    """The group's consumable shares to enforce with MPS (per-claim daemon, pinned memory = consumed memory),
+    or [] to give the GPU as NVIDIA's driver does (plain access, no limit).
+
+    Enforced when the group is nothing but memory shares of one Volta+ GPU and asks for no TimeSlicing:
+    then the claim's consumed memory is a real limit, as for `gpu-<minor>-shared`. Shares that consumed no
+    memory (modes `unlimited` and N) or all of it have nothing to enforce."""
+    shares = [d for d in active if _memory_fraction(d)]
+    if not shares or len(shares) != len(active) or len({d.device.parent_uuid for d in shares}) != 1:
+        return []
+    if config is not None and config.strategy == "TimeSlicing":
+        return []
+    info = gpus.get(shares[0].device.parent_uuid)
+    if info is None or info.cuda_compute_capability < MPS_MIN_COMPUTE_CAPABILITY:
+        return []
+    return shares
+
+
+def _refuse_mps_on_shared(devices: Sequence[AllocatedDevice]) -> None:
+    shared = sorted({d.device.name for d in devices if _is_shared(d)})
+    if shared:
+        raise SharingError(
+            f"cannot apply strategy MPS to {', '.join(shared)}: the device is shared with other claims "
+            "(--consumable-shares), and an MPS daemon of one claim would take the device from the others; "
+            "request part of its memory (capacity.requests.memory) with the device alone in the claim, "
+            "which is enforced with MPS limits, or drop the MPS setting"
+        )
+
+
 def _share_plan(
     shares: Sequence[AllocatedDevice],
     active: Sequence[AllocatedDevice],
     config: GpuConfig | MigDeviceConfig | None,
     gpus: Mapping[str, GpuInfo],
 ) -> SharePlan:
-    others = [d.device.name for d in active if d.device.kind is not DeviceKind.GPU_SHARE]
+    others = [d.device.name for d in active if d not in shares]
     parents = sorted({d.device.parent_uuid for d in shares})
     if others or len(parents) > 1:
         raise SharingError(
@@ -212,7 +272,9 @@ def _share_plan(
     compute = 0
     memory = 0
     for d in shares:
-        compute += _share_amount(d, SHARE_CAPACITY_COMPUTE)
+        # a whole GPU shared by --consumable-shares has no compute capacity: it may use every SM
+        has_compute = d.device.kind is DeviceKind.GPU_SHARE
+        compute += _share_amount(d, SHARE_CAPACITY_COMPUTE) if has_compute else 100
         memory += _share_amount(d, SHARE_CAPACITY_MEMORY)
     compute = min(compute, 100)
     memory = min(memory, info.memory_bytes)

@@ -310,6 +310,16 @@ def cluster_has(requirement: str, kubectl: Kubectl) -> tuple[bool, str]:
         )
     if requirement == "resource-quota":
         return True, ""
+    if requirement == "consumable-shares":
+        # NVIDIA's consumable shares: the whole GPUs themselves allow multiple allocations (our own
+        # gpu-<minor>-shared devices always do, so they do not count)
+        ok = any(
+            d.get("allowMultipleAllocations")
+            and d.get("attributes", {}).get("type", {}).get("string") == "gpu"
+            for s in kubectl.items("resourceslices.resource.k8s.io")
+            for d in s.get("spec", {}).get("devices") or []
+        )
+        return ok, "no whole GPU allows multiple allocations (the driver runs without --consumable-shares)"
     if requirement.startswith("kubernetes>="):
         # Some examples need scheduler behaviour that older releases lack (e.g. 1.34's alpha consumable
         # capacity does not allocate the share devices, which also consume the GPU's shared counters).

@@ -265,13 +265,23 @@ def test_limits_are_rounded_down_to_whole_mib() -> None:
     assert mps.pinned_memory_limits([UUID_A], MEMORY) == {UUID_A: 1500000000 - 1500000000 % 2**20}
 
 
-def test_limit_larger_than_device_is_rejected() -> None:
-    mps = MpsConfig(defaultPinnedDeviceMemoryLimit="50Gi")
-    with pytest.raises(ConfigError) as info:
-        mps.pinned_memory_limits([UUID_A, UUID_B], MEMORY)
-    assert UUID_B in str(info.value)
-    assert "40Gi" in str(info.value)
-    assert info.value.field == "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit"
+def test_limit_larger_than_device_is_clamped_and_reported() -> None:
+    # NVIDIA's driver accepts any limit of at least 1 MiB (api/nvidia.com/resource/v1beta1/sharing.go,
+    # limit.Megabyte: the only check is v > 0 MiB); we clamp to the device and say so.
+    mps = MpsConfig(defaultPinnedDeviceMemoryLimit="50Gi", defaultPerDevicePinnedMemoryLimit={UUID_A: "90Gi"})
+    clamped: list[str] = []
+    assert mps.pinned_memory_limits([UUID_A, UUID_B], MEMORY, clamped=clamped) == {
+        UUID_A: 80 * GIB,
+        UUID_B: 40 * GIB,
+    }
+    assert sorted(clamped) == [
+        f"sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit: limit 90Gi is larger than device {UUID_A} "
+        "(80Gi); clamped to 80Gi",
+        f"sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: limit 50Gi is larger than device {UUID_B} "
+        "(40Gi); clamped to 40Gi",
+    ]
+    default_only = MpsConfig(defaultPinnedDeviceMemoryLimit="50Gi")
+    assert default_only.pinned_memory_limits([UUID_B], MEMORY) == {UUID_B: 40 * GIB}  # no list: clamped too
 
 
 def test_index_out_of_range_is_rejected() -> None:

@@ -23,7 +23,10 @@ PodPhase = Literal["Running", "Succeeded", "Pending"]
 ComputeMode = Literal["DEFAULT", "EXCLUSIVE_PROCESS", "PROHIBITED"]
 # Cluster features an example needs beyond scheduling + the kubelet plugin; the suite skips an example
 # whose requirement the cluster lacks, and says so.
-Requirement = Literal["webhook", "extended-resource", "resource-quota", "kubernetes>=1.35"]
+# "consumable-shares": the driver runs with --consumable-shares (whole GPUs allow multiple allocations)
+Requirement = Literal[
+    "webhook", "extended-resource", "resource-quota", "kubernetes>=1.35", "consumable-shares"
+]
 
 # A Kubernetes quantity as users write it ("10Gi", "25", "1.5").
 _QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[KMGTPE]i?|[munk])?$")

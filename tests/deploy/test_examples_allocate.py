@@ -94,7 +94,9 @@ def test_lint_accepts_example_except_rejected_objects(example: Path) -> None:
 
 
 def _explain(example: Path, expect: Expectation) -> dict[str, dict[str, Any]]:
-    out = _dra_gpu("explain", "--hardware", expect.hardware, "-o", "json",
+    # an example that needs the driver's --consumable-shares gets nodes whose plugin runs with it
+    shares = ["--consumable-shares", "memory"] if "consumable-shares" in expect.requires else []
+    out = _dra_gpu("explain", "--hardware", expect.hardware, "-o", "json", *shares,
                    *[a for p in _manifest_paths(example, expect) for a in ("-f", p)])
     assert out.returncode in (0, 1), out.stderr
     return {c["name"]: c for c in json.loads(out.stdout)["claims"]}

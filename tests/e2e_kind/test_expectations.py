@@ -232,7 +232,7 @@ def test_hardware_reset_after_deletion() -> None:
 
 
 def test_small_parsers() -> None:
-    assert mig_placement_of("gpu-3-mig-1g10gbpme-20-6") == (20, 6)
+    assert mig_placement_of("gpu-3-mig-1g10gb-me-20-6") == (20, 6)
     assert mig_placement_of("gpu-3") is None and mig_placement_of("gpu-3-shared") is None
     assert mps_limit_bytes("10G") == 10 * 2**30 and mps_limit_bytes("512M") == 512 * 2**20
     with pytest.raises(ValueError, match="not <N>M or <N>G"):

@@ -228,3 +228,44 @@ def test_whole_gpu_claims_without_mps_have_no_isolation_caveats(tmp_path: Path) 
     done = dra_gpu("explain", "--hardware", "dgx-h100", "-f", str(path), "-o", "json")
     assert done.returncode == 0, done.stderr
     assert [c["isolation"] for c in json.loads(done.stdout)["claims"]] == [[], []]
+
+
+def test_reason_groups_count_identical_nodes_once() -> None:
+    from dra_gpu.allocator.explain import reason_groups
+
+    same = {f"node-{i}": "needs 9 device(s), 8 eligible" for i in range(1000)}
+    groups = reason_groups(same)
+    assert groups == [
+        {"reason": "needs 9 device(s), 8 eligible", "nodes": 1000, "examples": ["node-0", "node-1", "node-2"]}
+    ]
+    mixed = {**same, "odd-0": "no device matches", "odd-1": "no device matches"}
+    assert [(g["reason"], g["nodes"]) for g in reason_groups(mixed)] == [
+        ("needs 9 device(s), 8 eligible", 1000),
+        ("no device matches", 2),
+    ]
+
+
+def test_unallocatable_json_has_reason_groups(tmp_path: Path) -> None:
+    write(tmp_path / "c.yaml", [claim("too-many", exactly("gpu", count=5))])
+    done = dra_gpu(
+        "explain", "-f", str(tmp_path / "c.yaml"), "--slices", str(slices_file(tmp_path)), "-o", "json"
+    )
+    assert done.returncode == 1
+    (entry,) = json.loads(done.stdout)["claims"]
+    assert entry["reason"]  # the existing field stays
+    assert [(g["nodes"], g["examples"]) for g in entry["reasonGroups"]] == [(1, ["n1"])]
+    assert "needs 5 device(s), 2 eligible" in entry["reasonGroups"][0]["reason"]
+    table = dra_gpu("explain", "-f", str(tmp_path / "c.yaml"), "--slices", str(slices_file(tmp_path)))
+    assert "on 1 node(s), e.g. n1: " in table.stdout
+
+
+def test_reason_groups_ignore_the_nodes_own_device_prefix() -> None:
+    from dra_gpu.allocator.explain import reason_groups
+
+    failures = {f"node-{i}": f"no combination fits (e.g. node-{i}/gpu-0-mig-0: counters)" for i in range(50)}
+    failures["other"] = "no combination fits (e.g. other/gpu-1: taint)"
+    groups = reason_groups(failures)
+    assert [(g["reason"], g["nodes"]) for g in groups] == [
+        ("no combination fits (e.g. <node>/gpu-0-mig-0: counters)", 50),
+        ("no combination fits (e.g. <node>/gpu-1: taint)", 1),
+    ]

@@ -281,4 +281,22 @@ def test_time_slice_failure_that_is_not_unsupported(root: Path) -> None:
         HardwareError, match=rf"GPU {uuid}: cannot set the compute mode to DEFAULT: .*exited 15"
     ) as err:
         hw.set_time_slice(uuid, 1)
-    assert err.value.nvml_code is None and "does not support" not in str(err.value)
+    # a lost GPU, as nvidia-smi's exit code 15 says: what needs it waits for it (sharing's pending cleanup)
+    assert err.value.gpu_gone and "does not support" not in str(err.value)
+
+
+def test_addressing_mode_is_read_or_left_unknown(root: Path) -> None:
+    dgx = open_hardware("dgx-h100", str(root / "dgx"), seed="node-a").discover()
+    assert {g.addressing_mode for g in dgx.gpus} == {"HMM"}
+    for hardware in ("pcie-4x-l40s", "single-t4"):  # NOT_SUPPORTED, FUNCTION_NOT_FOUND
+        result = open_hardware(hardware, str(root / hardware), seed="node-a").discover()
+        assert result.errors == () and {g.addressing_mode for g in result.gpus} == {None}
+
+
+def test_addressing_mode_failure_fails_that_gpu_as_nvidia_does(root: Path) -> None:
+    hw = open_hardware("dgx-h100", str(root))
+    with StateStore(root / "var/lib/nvml-sim/state.json").transaction() as state:
+        state.faults.append(Fault(2, "nvmlDeviceGetAddressingMode", pynvml.NVML_ERROR_UNKNOWN))
+    result = hw.discover()
+    assert [e.gpu_index for e in result.errors] == [2] and 2 not in [g.index for g in result.gpus]
+    assert "nvmlDeviceGetAddressingMode failed" in result.errors[0].message

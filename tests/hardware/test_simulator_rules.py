@@ -251,3 +251,17 @@ except pynvml.NVMLError_InsufficientResources:
     results = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
     assert results == ["created", "occupied", "occupied", "occupied"]
     assert len(StateStore(state_path(root)).read().gpus[0].gpu_instances) == 1
+
+
+def test_addressing_mode_follows_the_platform_and_driver(root: Path) -> None:
+    # pynvml's nvmlDeviceGetAddressingMode returns the struct's value (NVML_DEVICE_ADDRESSING_MODE_*)
+    dgx = _nvml(root / "dgx", "dgx-h100")
+    assert dgx.nvmlDeviceGetAddressingMode(dgx.nvmlDeviceGetHandleByIndex(0)) == (
+        pynvml.NVML_DEVICE_ADDRESSING_MODE_HMM
+    )
+    l40s = _nvml(root / "l40s", "pcie-4x-l40s")  # R570 without HMM/ATS support on the platform
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        l40s.nvmlDeviceGetAddressingMode(l40s.nvmlDeviceGetHandleByIndex(0))
+    t4 = _nvml(root / "t4", "single-t4")  # R535: the call does not exist yet
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):
+        t4.nvmlDeviceGetAddressingMode(t4.nvmlDeviceGetHandleByIndex(0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -15,6 +16,7 @@ import pytest
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.loader import open_hardware
 from dra_gpu.hardware.nvml_hardware import NvmlHardware
+from dra_gpu.hardware.profiles import GPU_PROFILES
 from dra_gpu.hardware.sim_driver_root import open_simulated_nvml
 from dra_gpu.hardware.types import DiscoveryResult
 from dra_gpu.inventory import mig_geometry, naming
@@ -41,7 +43,7 @@ def test_dgx_h100_devices_and_order(root: Path) -> None:
     assert len(model.devices) == 8 * (1 + 25 + 1)
     names = [d.name for d in model.devices]
     assert names[0] == "gpu-0" and names[26] == "gpu-0-shared" and names[27] == "gpu-1"
-    assert "gpu-3-mig-1g10gbpme-20-6" in names and "gpu-7-mig-7g80gb-0-0" in names
+    assert "gpu-3-mig-1g10gb-me-20-6" in names and "gpu-7-mig-7g80gb-0-0" in names
     first_1g = [n for n in names if n.startswith("gpu-0-mig-1g10gb-19-")]
     assert first_1g[0] == "gpu-0-mig-1g10gb-19-6"  # highest start first (see device_model docstring)
     assert len(set(names)) == len(names) and all(naming.is_dns_label(n) for n in names)
@@ -72,9 +74,11 @@ def test_attribute_sets_per_type_and_limits(root: Path) -> None:
         "cudaDriverVersion": "12.8.0",
         "resource.kubernetes.io/pciBusID": "0000:87:00.0",
         "resource.kubernetes.io/pcieRoot": "pci0000:80",
-        "numaNode": 1,
+        "resource.kubernetes.io/numaNode": (1,),
+        "addressingMode": "HMM",
         "interconnect": "nvswitch-0",
     }
+    assert gpu.attributes["resource.kubernetes.io/numaNode"].kind == "ints"  # a scalar `int` unless lists
     assert gpu.attributes["cudaComputeCapability"].kind == "version"
     mig = model.by_name()["gpu-4-mig-3g40gb-9-4"]
     assert "uuid" not in mig.attributes  # dynamic: the instance does not exist yet
@@ -98,7 +102,11 @@ def test_share_device(root: Path) -> None:
     model = build_device_model(discovery)
     share = model.by_name()["gpu-0-shared"]
     assert share.kind == DeviceKind.GPU_SHARE and share.allow_multiple_allocations
-    assert share.attributes["type"].value == "gpu-share" and share.attributes["numaNode"].value == -1
+    assert share.attributes["type"].value == "gpu-share"
+    # no NUMA node, no addressing mode (R535 lacks nvmlDeviceGetAddressingMode): left out, as NVIDIA does
+    assert (
+        "resource.kubernetes.io/numaNode" not in share.attributes and "addressingMode" not in share.attributes
+    )
     assert share.attributes["interconnect"].value == "pcie"
     assert share.attributes["driverVersion"].value == "535.183.1"  # "535.183.01" as strict semver
     memory, compute = share.capacity["memory"], share.capacity["compute"]
@@ -208,16 +216,69 @@ def test_every_mig_device_consumes_its_memory_slices(root: Path) -> None:
 
 def test_naming_round_trip() -> None:
     name = naming.mig_device_name(3, "1g.10gb+me", 20, 6)
-    assert name == "gpu-3-mig-1g10gbpme-20-6"
+    assert name == "gpu-3-mig-1g10gb-me-20-6"
     parsed = naming.parse_mig_device_name(name)
     assert parsed is not None and (
         parsed.minor,
         parsed.profile_label,
         parsed.gi_profile_id,
         parsed.placement_start,
-    ) == (3, "1g10gbpme", 20, 6)
+    ) == (3, "1g10gb-me", 20, 6)
     assert naming.parse_gpu_minor("gpu-12-shared") == 12 and naming.parse_gpu_minor("gpu-x") is None
     assert naming.parse_mig_device_name("gpu-1") is None
+
+
+# Every profile-name form NVIDIA's driver can meet, with the device name it publishes. Source:
+# kubernetes-sigs/dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin/mig.go, MigSpecTuple.ToCanonicalName (dots
+# removed, then toRFC1123Compliant: lower case, [^a-z0-9-.] -> "-", "-" trimmed) fed with go-nvlib's
+# MigProfileInfo.String() ("<G>g.<GB>gb", "+" attributes joined by ",", or "-" negative attributes: me,
+# me.all, gfx); the full GPU from deviceinfo.go GpuInfo.CanonicalName ("gpu-%d" of the minor).
+# (The profile ids below are illustrative: a name embeds whatever id NVML reports.)
+@pytest.mark.parametrize(
+    ("profile", "gi_profile_id", "start", "expected"),
+    [
+        ("1g.10gb", 19, 6, "gpu-0-mig-1g10gb-19-6"),
+        ("7g.80gb", 0, 0, "gpu-0-mig-7g80gb-0-0"),
+        ("1g.10gb+me", 20, 0, "gpu-0-mig-1g10gb-me-20-0"),
+        ("1g.10gb-me", 47, 1, "gpu-0-mig-1g10gb-me-47-1"),
+        ("1g.24gb+me.all", 50, 2, "gpu-0-mig-1g24gb-meall-50-2"),
+        ("2g.48gb-me", 51, 4, "gpu-0-mig-2g48gb-me-51-4"),
+        ("1g.24gb+gfx", 47, 3, "gpu-0-mig-1g24gb-gfx-47-3"),
+        ("4g.96gb+gfx", 32, 0, "gpu-0-mig-4g96gb-gfx-32-0"),
+        ("MIG 1g.10gb+me,gfx", 20, 0, "gpu-0-mig-mig-1g10gb-me-gfx-20-0"),  # every odd character -> "-"
+        ("1g.10gb+", 19, 0, "gpu-0-mig-1g10gb-19-0"),  # trailing "-" trimmed
+    ],
+)
+def test_mig_names_match_nvidia(profile: str, gi_profile_id: int, start: int, expected: str) -> None:
+    name = naming.mig_device_name(0, profile, gi_profile_id, start)
+    assert name == expected and naming.is_dns_label(name)
+    parsed = naming.parse_mig_device_name(name)
+    assert parsed is not None and (parsed.gi_profile_id, parsed.placement_start) == (gi_profile_id, start)
+
+
+def test_gpu_and_counter_names_match_nvidia() -> None:
+    assert naming.gpu_device_name(12) == "gpu-12"  # deviceinfo.go: GpuInfo.CanonicalName
+    # partitions.go: GetSharedCounterSetName, memsliceCounterName
+    assert naming.counter_set_name(3) == "gpu-3-counter-set"
+    assert naming.memory_slice_counter(5) == "memory-slice-5"
+
+
+def _go_nvlib_profile_gb(memory_mib: int, device_mib: int) -> int:
+    """The `<GB>` of a MIG profile name as go-nvlib computes it (mig_profile.go getMigMemorySizeGB, which
+    NVIDIA's driver uses for names and the `profile` attribute): the profile's share of the device rounded up
+    to 1/8, times the device's memory in whole GB rounded up, rounded half away from zero."""
+    share = math.ceil(memory_mib / device_mib * 8) / 8
+    return math.floor(share * math.ceil(device_mib / 1024) + 0.5)
+
+
+@pytest.mark.parametrize("gpu", sorted(GPU_PROFILES))
+def test_simulated_profile_names_are_what_nvidia_computes(gpu: str) -> None:
+    """We take the profile name NVML reports; NVIDIA's driver computes it. On every simulated GPU the two
+    agree, so device names and `profile` attributes are NVIDIA's for the same hardware."""
+    board = GPU_PROFILES[gpu]
+    for spec in board.mig_profiles:
+        gb = int(spec.name.split(".")[1].split("gb")[0])
+        assert gb == _go_nvlib_profile_gb(spec.memory_mib, board.memory_mib), spec.name
 
 
 @pytest.mark.parametrize(

@@ -210,3 +210,24 @@ def test_unsupported_kubernetes_version_is_bad_input(tmp_path: Path) -> None:
         text=True,
     )
     assert done.returncode == 2 and "supported are 1.34 to 1.37" in done.stderr
+
+
+def test_moved_numa_attribute_hint(tmp_path: Path) -> None:
+    # NVIDIA's driver publishes only resource.kubernetes.io/numaNode (deviceinfo.go addNumaNodeAttribute)
+    out = check(tmp_path, "device.attributes['gpu.nvidia.com'].numaNode == 0")
+    assert "device.attributes['resource.kubernetes.io'].numaNode" in out
+    path = tmp_path / "numa.yaml"
+    path.write_text("""apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: c}
+spec:
+  devices:
+    requests:
+    - name: gpus
+      exactly: {deviceClassName: gpu.nvidia.com, count: 2}
+    constraints:
+    - {requests: [gpus], matchAttribute: gpu.nvidia.com/numaNode}
+""")
+    done = lint(path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "matchAttribute: resource.kubernetes.io/numaNode" in done.stdout

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 from sim_node import SimNode, pid_alive
 
 from dra_gpu.config.api import decode_opaque_config
@@ -141,11 +142,7 @@ def test_daemon_that_ignores_quit_is_killed(node: SimNode) -> None:
 
 @pytest.mark.parametrize(
     ("mps", "words"),
-    [
-        (
-            {"defaultPinnedDeviceMemoryLimit": "100Gi"},
-            ["defaultPinnedDeviceMemoryLimit", "100Gi", "larger than"],
-        ),
+    [  # (a limit larger than the device is clamped, not refused: see the MIG clamp test below)
         ({"defaultPerDevicePinnedMemoryLimit": {"3": "1Gi"}}, ["index 3 is out of range"]),
         (
             {"defaultPerDevicePinnedMemoryLimit": {"GPU-00000000": "1Gi"}},
@@ -223,17 +220,25 @@ def test_mps_on_an_on_demand_mig_device(node: SimNode) -> None:
     assert node.state().gpus[0].mig_current is False  # switched on for the claim, off again afterwards
 
 
-def test_mig_mps_limit_larger_than_the_mig_device_rolls_back_the_creation(node: SimNode) -> None:
+def test_mig_mps_limit_larger_than_the_mig_device_is_clamped_and_logged(node: SimNode) -> None:
+    # NVIDIA's driver accepts any limit of at least 1 MiB (api/.../sharing.go, limit.Megabyte); MPS cannot pin
+    # more than the device has, so the limit becomes the MIG device's memory and a warning says so.
     mig = next(
         d
         for d in node.model().devices
         if d.kind.value == "mig-dynamic" and d.mig and d.mig.profile == "1g.10gb"
     )
     config = mps_config("MigDeviceConfig", defaultPinnedDeviceMemoryLimit="20Gi")
-    with pytest.raises(SharingError, match="larger than device MIG-"):
-        node.manager().prepare_group("claim-1", config, [node.alloc(mig.name)])
-    assert node.state().gpus[0].gpu_instances == []
-    assert node.state().gpus[0].mig_current is False
+    manager = node.manager()
+    with structlog.testing.capture_logs() as logs:
+        result = manager.prepare_group("claim-1", config, [node.alloc(mig.name)])
+    instance = result.mig_instances[mig.name]
+    memory_mib = mig.capacity["memory"].value // 2**20
+    assert daemon_record(node, result)["default_pinned_mem_limits"] == {instance.uuid: f"{memory_mib}M"}
+    warning = next(e for e in logs if e["event"] == "MPS pinned memory limit clamped")
+    assert warning["log_level"] == "warning" and warning["claim_uid"] == "claim-1"
+    assert "defaultPinnedDeviceMemoryLimit: limit 20Gi is larger than device MIG-" in warning["detail"]
+    manager.unprepare_group("claim-1", result.state)
     assert node.leftovers() == []
 
 

@@ -3,8 +3,12 @@ client-side validation, and the real kube-apiserver of the selected release."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,10 +89,54 @@ def test_validation_knows_the_list_rules_per_release() -> None:
     assert any("attribute values, at most 48" in p for p in problems)
 
 
+def _published_numa(*args: str) -> dict[str, Any]:
+    """`dra-gpu slices` on a simulated DGX H100 (GPU 4 sits on NUMA node 1): the NUMA attributes of gpu-4
+    and of one of its MIG devices, as the kubelet plugin would publish them with the same flags."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dra_gpu.cli.slices",
+            "--hardware",
+            "dgx-h100",
+            "--node",
+            "n1",
+            "-o",
+            "json",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    devices = {d["name"]: d for s in json.loads(done.stdout)["items"] for d in s["spec"].get("devices", [])}
+    gpu, mig = devices["gpu-4"]["attributes"], devices["gpu-4-mig-1g10gb-me-20-6"]["attributes"]
+    assert "numaNode" not in gpu  # NVIDIA publishes no driver-domain NUMA attribute, nor do we
+    assert gpu[NUMA] == mig[NUMA]
+    return dict(gpu[NUMA])
+
+
+def test_numa_node_end_to_end_per_release_and_gate() -> None:
+    """Discovery -> device model -> slices: `int` by default and on 1.35, `ints: [n]` with
+    --feature-gates DRAListTypeAttributes=true on 1.36+ (NVIDIA's addNumaNodeAttribute does the same)."""
+    assert _published_numa() == {"int": 1}
+    assert _published_numa("--feature-gates", "DRAListTypeAttributes=true") == {"ints": [1]}
+    assert _published_numa(
+        "--kubernetes-version", "1.36", "--feature-gates", "DRAListTypeAttributes=true"
+    ) == {"ints": [1]}
+    assert _published_numa(
+        "--kubernetes-version", "1.35", "--feature-gates", "DRAListTypeAttributes=true"
+    ) == {"int": 1}
+
+
 def test_feature_gates_flag() -> None:
-    assert parse_feature_gates("") == {"DRAListTypeAttributes": False}
-    assert parse_feature_gates("DRAListTypeAttributes=true") == {"DRAListTypeAttributes": True}
-    with pytest.raises(ValueError, match="unknown gate; known: DRAListTypeAttributes"):
+    assert parse_feature_gates("") == {"DRAListTypeAttributes": False, "ConsumableShares": False}
+    assert parse_feature_gates("DRAListTypeAttributes=true")["DRAListTypeAttributes"] is True
+    # NVIDIA's gate is accepted (its chart settings work unchanged); --consumable-shares alone decides
+    assert parse_feature_gates("ConsumableShares=true")["ConsumableShares"] is True
+    with pytest.raises(ValueError, match="unknown gate; known: DRAListTypeAttributes, ConsumableShares"):
         parse_feature_gates("ConsumableCapacity=true")
     with pytest.raises(ValueError, match="expected NAME=true or NAME=false"):
         parse_feature_gates("DRAListTypeAttributes")

@@ -57,6 +57,9 @@ _CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}
 # Compute-instance sizes a GPU instance of N compute slices offers (`nvidia-smi mig -lcip`).
 _CI_SIZES_FOR_GI = {1: (1,), 2: (1, 2), 3: (1, 2, 3), 4: (1, 2, 4), 7: (1, 2, 3, 4, 7)}
 MAX_MIG_DEVICES = 7
+# First driver branch taken to have nvmlDeviceGetAddressingMode: R570 (CUDA 12.8). Unconfirmed, chosen so that
+# the R535 layouts (single-t4, single-p4) show the FUNCTION_NOT_FOUND path and the R570 ones the call.
+ADDRESSING_MODE_MIN_DRIVER = 570
 _CORES_PER_SM = {
     profiles.ARCH_PASCAL: 128,  # GP10x with compute capability 6.1 (the only Pascal profile); GP100 has 64
     profiles.ARCH_TURING: 64,
@@ -329,6 +332,22 @@ class SimulatedNvml:
         if numa is None:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return numa
+
+    def nvmlDeviceGetAddressingMode(self, handle: Any) -> int:
+        """pynvml returns the struct's `value` (NVML_DEVICE_ADDRESSING_MODE_*). Older drivers have no such
+        symbol (FUNCTION_NOT_FOUND); nvml.h documents the call for Turing or newer on Linux, and a platform
+        without the feature answers NOT_SUPPORTED."""
+        state = self._state()
+        layout = state.layout()
+        if int(layout.driver_version.split(".", 1)[0]) < ADDRESSING_MODE_MIN_DRIVER:
+            _fail(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)  # pynvml's symbol lookup fails before the call
+        state, ref = self._device(handle, "nvmlDeviceGetAddressingMode")
+        if (
+            layout.addressing_mode is None
+            or self._gpu(state, ref)[0].profile.architecture < profiles.ARCH_TURING
+        ):
+            _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return layout.addressing_mode
 
     def nvmlDeviceGetCudaComputeCapability(self, handle: Any) -> tuple[int, int]:
         state, ref = self._device(handle, "nvmlDeviceGetCudaComputeCapability", allow_mig=True)

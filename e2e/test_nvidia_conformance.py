@@ -1,0 +1,106 @@
+"""NVIDIA's published DRA examples (tests/conformance/nvidia), applied unchanged but for the container image,
+and checked from inside the pods against what NVIDIA's README says each pod gets (each example's expect.yaml).
+
+catalog.yaml decides: `run` examples must pass, `xfail` ones may fail for the stated reason, `unsupported`
+ones are skipped with their reason. Examples written for other simulated hardware (gpu-test4/6: A100) skip
+unless the suite runs on that node (DRA_GPU_E2E_HARDWARE=dgx-a100 e2e/run-e2e.sh -k nvidia_conformance).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from e2e.lib.consumable_shares import restart_with_shares
+from e2e.lib.driver import DriverControl, HostDriver
+from e2e.lib.example_runner import cluster_has, hardware_matches, slice_devices
+from e2e.lib.kubectl import Kubectl
+from e2e.lib.nvidia_conformance import (
+    CatalogEntry,
+    ConformanceRun,
+    consumable_shares_modes,
+    import_stand_in_image,
+    load_catalog,
+    raw_documents,
+    unserved_api_versions,
+)
+from e2e.lib.settings import DriverMode, E2ESettings
+from e2e.lib.summary import ExampleRow, record_row
+
+ENTRIES = load_catalog()
+CONSUMABLE_SHARES_FLAG = {"unlimited": "unlimited", "memory": "memory", "integer": "4"}  # NVIDIA's README
+
+
+@pytest.fixture(scope="module")
+def stand_in_image(settings: E2ESettings, kubectl: Kubectl) -> None:
+    if settings.mode is not DriverMode.HOST:
+        pytest.skip("the stand-in image is imported into the local cluster's containerd (host mode only)")
+    import_stand_in_image()
+
+
+def _skip(report_path: Path, entry: CatalogEntry, why: str) -> None:
+    record_row(report_path, ExampleRow(f"nvidia/{entry.name}", "-", "-", "-", "skip", why))
+    pytest.skip(why)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_nvidia_example(
+    entry: CatalogEntry,
+    kubectl: Kubectl,
+    driver: DriverControl,
+    settings: E2ESettings,
+    report_path: Path,
+    stand_in_image: None,
+    request: pytest.FixtureRequest,
+) -> None:
+    if entry.status in ("unsupported", "unverified"):
+        _skip(report_path, entry, f"{entry.status}: {entry.reason}")
+    run = ConformanceRun(entry.folder, kubectl, driver, settings)
+    if not hardware_matches(run.exp, settings):
+        _skip(
+            report_path,
+            entry,
+            f"written for hardware {run.exp.hardware}, the node simulates {settings.hardware}",
+        )
+    for requirement in run.exp.requires:
+        ok, why = cluster_has(requirement, kubectl)
+        if not ok:
+            _skip(report_path, entry, f"requires {requirement}: {why}")
+    unserved = unserved_api_versions(raw_documents(entry, run.exp.manifests), kubectl)
+    if unserved:
+        _skip(report_path, entry, f"the cluster does not serve {', '.join(unserved)}")
+    mode = entry.name.removeprefix("consumable-shares-")
+    if mode != entry.name:
+        # One plugin serves one --consumable-shares mode: the host plugin is restarted with the example's
+        # (NVIDIA's README value) around it, and with none afterwards.
+        if not isinstance(driver, HostDriver):
+            _skip(report_path, entry, "switches the host plugin's --consumable-shares mode (host mode only)")
+        restart_with_shares(driver, CONSUMABLE_SHARES_FLAG[mode])
+        request.addfinalizer(lambda: restart_with_shares(driver, "disabled"))
+        modes = consumable_shares_modes(slice_devices(kubectl))
+        assert mode in modes, f"the published GPUs show consumable-shares modes {sorted(modes)}, not {mode}"
+    if entry.status == "xfail":
+        request.applymarker(pytest.mark.xfail(reason=entry.reason, strict=False))
+    kubectl.delete_namespace(run.namespace, wait=True)
+    failures: list[str] = []
+    try:
+        failures += run.apply()
+        run.wait_expectations()
+        missing = run.prepared_claims_without_cdi_spec()
+        if missing:
+            failures.append(f"claims prepared for running pods without a CDI spec file: {missing}")
+    except AssertionError as exc:
+        failures.append(str(exc))
+    finally:
+        run.delete()
+    failures += run.wait_cleanup()
+    # An expected failure is recorded as such, so that the summary table does not read as a regression.
+    failed = "xfail" if entry.status == "xfail" else "fail"
+    row = run.row(failed if failures else "pass", failures[0] if failures else "")
+    record_row(
+        report_path,
+        ExampleRow(f"nvidia/{entry.name}", row.pods, row.devices, row.sharing, row.result, row.detail),
+    )
+    assert not failures, "\n".join(failures)
