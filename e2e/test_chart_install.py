@@ -29,6 +29,7 @@ import pytest
 from e2e.image.build_local_image import DEFAULT_REFERENCE, BuildResult, build_for_cluster, import_into_cluster
 from e2e.image.real_image import config_digest
 from e2e.lib.chart import CHART_DIR, find_helm
+from e2e.lib.claims import pod_claim_names
 from e2e.lib.kubectl import Kubectl, KubectlError
 from e2e.lib.settings import DRIVER_NAME, E2ESettings
 from e2e.lib.waiting import wait_until
@@ -388,6 +389,8 @@ def test_gpu_pod_runs_with_device_nodes(release: Release, namespace: str) -> Non
 
 
 MPS_DAEMON_SELECTOR = "app.kubernetes.io/name=dra-gpu-mps-daemon"
+MPS_DAEMON_LABEL = "gpu.nvidia.com/mps-daemon"  # the daemon id: <claim uid>-<hash>
+CLAIMS = "resourceclaims.resource.k8s.io"
 
 
 def _share_manifest(name: str, namespace: str, compute: str, memory: str) -> list[dict[str, Any]]:
@@ -439,54 +442,6 @@ def _workload_view(release: Release, namespace: str, name: str) -> str:
         name,
         ["sh", "-c", "env | grep CUDA_MPS | sort; grep -E 'nvidia-mps| /dev/shm ' /proc/mounts"],
     )
-
-
-def test_mps_daemon_pods_outlive_a_rollout_restart_of_the_plugin(release: Release, namespace: str) -> None:
-    """Two fractional tenants: each claim has its own daemon pod (pinned to the node, not owned by the
-    plugin), its own /dev/shm, and only CUDA_MPS_PIPE_DIRECTORY in its env. A `kubectl rollout restart` of
-    the plugin DaemonSet leaves the daemon pods (same UIDs, no container restart) and the workloads' env and
-    mounts as they were, and a new share prepares afterwards."""
-    kubectl = release.kubectl
-    manifest = _share_manifest("tenant-a", namespace, "30", "10Gi") + _share_manifest(
-        "tenant-b", namespace, "20", "8Gi"
-    )
-    kubectl.apply("\n---\n".join(json.dumps(d) for d in manifest), namespace=namespace)
-    for name in ("tenant-a", "tenant-b"):
-        _running(release, namespace, name)
-
-    def daemons_ready() -> list[dict[str, Any]] | None:
-        pods = _pods(kubectl, MPS_DAEMON_SELECTOR)
-        return pods if len(pods) == 2 and all(_ready(p) for p in pods) else None
-
-    before = wait_until(daemons_ready, timeout_s=120, what="two MPS daemon pods Ready")
-    assert all(p["spec"]["nodeName"] == release.node for p in before)
-    assert all(not p["metadata"].get("ownerReferences") for p in before)
-    views = {n: _workload_view(release, namespace, n) for n in ("tenant-a", "tenant-b")}
-    for view in views.values():
-        assert "CUDA_MPS_PIPE_DIRECTORY=" in view
-        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in view and "CUDA_MPS_PINNED" not in view
-    # no shared /dev/shm: what one tenant writes there the other does not see
-    kubectl.exec(namespace, "tenant-a", ["sh", "-c", "echo a > /dev/shm/written-by-tenant-a"])
-    assert "written-by-tenant-a" not in kubectl.exec(namespace, "tenant-b", ["ls", "-a", "/dev/shm"])
-
-    kubectl.run("rollout", "restart", "daemonset", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR)
-    kubectl.run("rollout", "status", "daemonset", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR, "--timeout=180s")
-    time.sleep(12)  # more than one reconcile period of the new plugin: it must not have touched the daemons
-    after = _pods(kubectl, MPS_DAEMON_SELECTOR)
-    assert sorted(p["metadata"]["uid"] for p in after) == sorted(p["metadata"]["uid"] for p in before)
-    restarts = [
-        c.get("restartCount", 0) for p in after for c in p.get("status", {}).get("containerStatuses", [])
-    ]
-    assert restarts == [0, 0], restarts
-    for name in ("tenant-a", "tenant-b"):
-        assert kubectl.get_json("pod", name, namespace=namespace)["status"]["phase"] == "Running"
-        assert _workload_view(release, namespace, name) == views[name]
-
-    late = _share_manifest("tenant-c", namespace, "10", "4Gi")
-    kubectl.apply("\n---\n".join(json.dumps(d) for d in late), namespace=namespace)
-    _running(release, namespace, "tenant-c")
-    kubectl.run("delete", "pod", "--all", "-n", namespace, "--wait=true", "--timeout=120s")
-    wait_until(lambda: not _pods(kubectl, MPS_DAEMON_SELECTOR), timeout_s=120, what="MPS daemon pods deleted")
 
 
 def _mps_manifest(
@@ -544,38 +499,120 @@ def _plugin_host_pid() -> int:
     return found[0]
 
 
-def test_mps_daemons_of_every_claim_kind_survive_a_sigkill_of_the_plugin(
-    release: Release, namespace: str
+@dataclass
+class MpsClaims:
+    """Pods with every kind of MPS claim, prepared: what the workloads saw, which daemon pods serve them."""
+
+    pods: list[tuple[str, str]]  # (namespace, pod)
+    views: dict[tuple[str, str], str]  # what each workload sees of MPS (env, mounts)
+    daemon_uids: list[str]
+
+
+def _prepare_every_mps_claim_kind(release: Release, namespace: str, other: str) -> MpsClaims:
+    """Whole-GPU MPS, MIG + MPS and a fractional share in `namespace`, another share in `other`: four claims,
+    four daemon pods (pinned to the node, not owned by the plugin). The tenants have their own /dev/shm and
+    only CUDA_MPS_PIPE_DIRECTORY in their env."""
+    kubectl = release.kubectl
+    manifest = (
+        _mps_manifest("whole", namespace, "gpu.nvidia.com", "GpuConfig")
+        + _mps_manifest(
+            "mig", namespace, "mig.nvidia.com", "MigDeviceConfig",
+            f"device.attributes['{DRIVER_NAME}'].profile == '1g.10gb'",
+        )
+        + _share_manifest("tenant-a", namespace, "30", "10Gi")
+    )  # fmt: skip
+    kubectl.apply("\n---\n".join(json.dumps(d) for d in manifest), namespace=namespace)
+    kubectl.apply("\n---\n".join(json.dumps(d) for d in _share_manifest("tenant-b", other, "20", "8Gi")),
+                  namespace=other)  # fmt: skip
+    pods = [(namespace, "whole"), (namespace, "mig"), (namespace, "tenant-a"), (other, "tenant-b")]
+    for ns, name in pods:
+        _running(release, ns, name)
+
+    def daemons_ready() -> list[dict[str, Any]] | None:
+        found = _pods(kubectl, MPS_DAEMON_SELECTOR)
+        return found if len(found) == 4 and all(_ready(p) for p in found) else None
+
+    daemons = wait_until(daemons_ready, timeout_s=120, what="four MPS daemon pods Ready")
+    assert all(p["spec"]["nodeName"] == release.node for p in daemons)
+    assert all(not p["metadata"].get("ownerReferences") for p in daemons)
+    views = {(ns, name): _workload_view(release, ns, name) for ns, name in pods}
+    assert all("CUDA_MPS_PIPE_DIRECTORY=" in v for v in views.values()), views
+    for ns, name in pods[2:]:
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in views[ns, name], views[ns, name]
+        assert "CUDA_MPS_PINNED" not in views[ns, name], views[ns, name]
+    # no shared /dev/shm: what one tenant writes there the other does not see
+    kubectl.exec(namespace, "tenant-a", ["sh", "-c", "echo a > /dev/shm/written-by-tenant-a"])
+    assert "written-by-tenant-a" not in kubectl.exec(other, "tenant-b", ["ls", "-a", "/dev/shm"])
+    return MpsClaims(pods, views, sorted(p["metadata"]["uid"] for p in daemons))
+
+
+def _assert_mps_claims_untouched(release: Release, claims: MpsClaims, namespace: str, late: str) -> None:
+    """Every daemon pod is the same (UID) and never restarted, every workload runs and sees what it saw, and
+    a new share (pod `late`) prepares."""
+    kubectl = release.kubectl
+    time.sleep(12)  # more than one reconcile period of the new plugin: it must not have touched the daemons
+    after = _pods(kubectl, MPS_DAEMON_SELECTOR)
+    assert sorted(p["metadata"]["uid"] for p in after) == claims.daemon_uids
+    statuses = [c for p in after for c in p.get("status", {}).get("containerStatuses", [])]
+    assert [c.get("restartCount", 0) for c in statuses] == [0, 0, 0, 0], statuses
+    for (ns, name), view in claims.views.items():
+        assert kubectl.get_json("pod", name, namespace=ns)["status"]["phase"] == "Running"
+        assert _workload_view(release, ns, name) == view
+    manifest = _share_manifest(late, namespace, "10", "4Gi")
+    kubectl.apply("\n---\n".join(json.dumps(d) for d in manifest), namespace=namespace)
+    _running(release, namespace, late)
+    kubectl.run("delete", "pod", late, "-n", namespace, "--wait=true", "--timeout=120s")
+
+
+def _rolled_out(release: Release) -> None:
+    kubectl = release.kubectl
+    kubectl.run("rollout", "status", "daemonset", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR, "--timeout=180s")
+    wait_until(
+        lambda: (pods := _pods(kubectl, PLUGIN_SELECTOR)) and len(pods) == 1 and all(_ready(p) for p in pods),
+        timeout_s=180, what="one kubelet-plugin pod Ready", explain=_explain(kubectl, PLUGIN_SELECTOR),
+    )  # fmt: skip
+
+
+def test_mps_daemons_of_every_claim_kind_outlive_rolling_updates_of_the_plugin(
+    release: Release, settings: E2ESettings, namespace: str
 ) -> None:
-    """Whole-GPU MPS, MIG + MPS and two fractional shares in two namespaces: a SIGKILL of the plugin process
-    (the container restarts) leaves every daemon pod running (same UIDs, no restart) and the workloads' env
-    and mounts as they were, and a new claim prepares afterwards."""
+    """With every kind of MPS claim prepared: `kubectl rollout restart` of the plugin DaemonSet (the chart's
+    default, maxSurge 1: the new pod starts next to the old one), then an upgrade to maxUnavailable 1
+    (`kubeletPlugin.rollingUpdateSockets=false`: the old pod goes first) and back. After each, every daemon
+    pod is the same and never restarted, the workloads' env and mounts are as they were, and a new claim
+    prepares."""
     kubectl = release.kubectl
     other = f"{namespace}-b"
     kubectl.create_namespace(other)
     try:
-        manifest = (
-            _mps_manifest("whole", namespace, "gpu.nvidia.com", "GpuConfig")
-            + _mps_manifest(
-                "mig", namespace, "mig.nvidia.com", "MigDeviceConfig",
-                f"device.attributes['{DRIVER_NAME}'].profile == '1g.10gb'",
-            )
-            + _share_manifest("tenant-a", namespace, "30", "10Gi")
-        )  # fmt: skip
-        kubectl.apply("\n---\n".join(json.dumps(d) for d in manifest), namespace=namespace)
-        kubectl.apply("\n---\n".join(json.dumps(d) for d in _share_manifest("tenant-b", other, "20", "8Gi")),
-                      namespace=other)  # fmt: skip
-        pods = [(namespace, "whole"), (namespace, "mig"), (namespace, "tenant-a"), (other, "tenant-b")]
-        for ns, name in pods:
-            _running(release, ns, name)
+        claims = _prepare_every_mps_claim_kind(release, namespace, other)
+        kubectl.run("rollout", "restart", "daemonset", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR)
+        _rolled_out(release)
+        _assert_mps_claims_untouched(release, claims, namespace, "late-surge")
+        for sockets in ("false", "true"):  # maxUnavailable 1, then back to the default
+            _helm(
+                release.helm, settings.kubeconfig, "upgrade", RELEASE, str(CHART_DIR), "-n", NAMESPACE,
+                "--reuse-values", "--set", f"kubeletPlugin.rollingUpdateSockets={sockets}",
+            )  # fmt: skip
+            _rolled_out(release)
+            _assert_mps_claims_untouched(release, claims, namespace, f"late-{sockets}")
+    finally:
+        kubectl.run("delete", "pod", "--all", "-n", namespace, "--wait=true", "--timeout=120s")
+        kubectl.delete_namespace(other, wait=True)
+    wait_until(lambda: not _pods(kubectl, MPS_DAEMON_SELECTOR), timeout_s=120, what="MPS daemon pods deleted")
 
-        def daemons_ready() -> list[dict[str, Any]] | None:
-            found = _pods(kubectl, MPS_DAEMON_SELECTOR)
-            return found if len(found) == 4 and all(_ready(p) for p in found) else None
 
-        before = wait_until(daemons_ready, timeout_s=120, what="four MPS daemon pods Ready")
-        views = {(ns, name): _workload_view(release, ns, name) for ns, name in pods}
-        assert all("CUDA_MPS_PIPE_DIRECTORY=" in v for v in views.values()), views
+def test_mps_daemons_of_every_claim_kind_survive_a_sigkill_of_the_plugin(
+    release: Release, namespace: str
+) -> None:
+    """With every kind of MPS claim prepared, a SIGKILL of the plugin process (the container restarts) leaves
+    every daemon pod running (same UIDs, no restart) and the workloads' env and mounts as they were, and a new
+    claim prepares afterwards."""
+    kubectl = release.kubectl
+    other = f"{namespace}-b"
+    kubectl.create_namespace(other)
+    try:
+        claims = _prepare_every_mps_claim_kind(release, namespace, other)
         restarts_before = sum(_plugin_restarts(kubectl).values())
 
         os.kill(_plugin_host_pid(), 9)
@@ -586,23 +623,124 @@ def test_mps_daemons_of_every_claim_kind_survive_a_sigkill_of_the_plugin(
             return restarted and all(_ready(p) for p in plugin)
 
         wait_until(plugin_back, timeout_s=180, what="the plugin container restarted and Ready")
-        time.sleep(12)  # more than one reconcile period of the restarted plugin
-        after = _pods(kubectl, MPS_DAEMON_SELECTOR)
-        assert sorted(p["metadata"]["uid"] for p in after) == sorted(p["metadata"]["uid"] for p in before)
-        restarts = [
-            c.get("restartCount", 0) for p in after for c in p.get("status", {}).get("containerStatuses", [])
-        ]
-        assert restarts == [0, 0, 0, 0], restarts
-        for (ns, name), view in views.items():
-            assert kubectl.get_json("pod", name, namespace=ns)["status"]["phase"] == "Running"
-            assert _workload_view(release, ns, name) == view
-
-        late = _share_manifest("tenant-c", namespace, "10", "4Gi")
-        kubectl.apply("\n---\n".join(json.dumps(d) for d in late), namespace=namespace)
-        _running(release, namespace, "tenant-c")
+        _assert_mps_claims_untouched(release, claims, namespace, "late")
     finally:
         kubectl.run("delete", "pod", "--all", "-n", namespace, "--wait=true", "--timeout=120s")
         kubectl.delete_namespace(other, wait=True)
+    wait_until(lambda: not _pods(kubectl, MPS_DAEMON_SELECTOR), timeout_s=120, what="MPS daemon pods deleted")
+
+
+def _tenant_manifest(name: str, namespace: str, compute: str, memory: str, env: dict[str, str]) -> list[Any]:
+    """A fractional share whose container (the driver's image: it has the simulated MPS client) sets `env`."""
+    docs = _share_manifest(name, namespace, compute, memory)
+    container = docs[1]["spec"]["containers"][0]
+    container.update(image=DEFAULT_REFERENCE, command=["sleep", "3600"])
+    container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    return docs
+
+
+def _tenant_limits(release: Release, namespace: str, name: str) -> Any:
+    """What a CUDA process in the tenant's container gets from its MPS daemon (the simulated MPS client reads
+    the container's env, as libcuda does)."""
+    out = release.kubectl.exec(namespace, name, ["python3", "-m", "dra_gpu.hardware.sim_tools.mps_client"])
+    return json.loads(out)
+
+
+def _daemon_host_pid(pipe_dir: str) -> int:
+    """The host pid of the MPS control daemon serving `pipe_dir` (in its pod)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            b"mps_control" in argv
+            and b"-f" in argv.split(b"\0")
+            and (f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in environ)
+        ):
+            found.append(int(proc.name))
+    assert len(found) == 1, f"expected one MPS control daemon for {pipe_dir}, found {found}"
+    return found[0]
+
+
+def test_tenants_cannot_raise_their_share_and_a_killed_daemon_is_back_within_10s_with_it(
+    release: Release, namespace: str
+) -> None:
+    """Two fractional tenants of one node. Tenant a sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 and a pinned
+    limit of 80G in its pod spec and still gets its 30 % / 10Gi; tenant b lowers its own to 10 % and gets
+    that. Tenant a's daemon is SIGKILLed: the kubelet restarts it in its pod (same UID) and within 10 s a's
+    processes get the same share again; b's daemon is untouched."""
+    kubectl = release.kubectl
+    raise_env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}
+    manifest = _tenant_manifest("tenant-a", namespace, "30", "10Gi", raise_env) + _tenant_manifest(
+        "tenant-b", namespace, "20", "8Gi", {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10"}
+    )
+    kubectl.apply("\n---\n".join(json.dumps(d) for d in manifest), namespace=namespace)
+    try:
+        for name in ("tenant-a", "tenant-b"):
+            _running(release, namespace, name)
+        a, b = _tenant_limits(release, namespace, "tenant-a"), _tenant_limits(release, namespace, "tenant-b")
+        assert a["activeThreadPercentage"] == 30, a
+        assert list(a["pinnedDeviceMemoryLimits"].values()) == ["10240M"], a
+        assert b["activeThreadPercentage"] == 10, b
+        assert list(b["pinnedDeviceMemoryLimits"].values()) == ["8192M"], b
+
+        def daemons_ready() -> list[dict[str, Any]] | None:
+            pods = _pods(kubectl, MPS_DAEMON_SELECTOR)
+            return pods if len(pods) == 2 and all(_ready(p) for p in pods) else None
+
+        before = {p["metadata"]["uid"]: p for p in wait_until(daemons_ready, timeout_s=120, what="2 daemons")}
+        # tenant a's daemon: its id (and label) starts with the UID of a's claim
+        a_claim = pod_claim_names(kubectl.get_json("pod", "tenant-a", namespace=namespace))["share"]
+        claim_uid = kubectl.get_json(CLAIMS, a_claim, namespace=namespace)["metadata"]["uid"]
+        labels = {uid: p["metadata"]["labels"][MPS_DAEMON_LABEL] for uid, p in before.items()}
+        (a_uid,) = [uid for uid, daemon in labels.items() if daemon.startswith(claim_uid)]
+        env = {e["name"]: e["value"] for e in before[a_uid]["spec"]["containers"][0]["env"]}
+        os.kill(_daemon_host_pid(env["CUDA_MPS_PIPE_DIRECTORY"]), 9)
+        killed = time.monotonic()
+
+        seen: list[Any] = []
+
+        def share_again() -> bool:
+            try:
+                seen.append(_tenant_limits(release, namespace, "tenant-a"))
+            except KubectlError:
+                return False  # no daemon answers yet
+            return bool(seen[-1] == a)
+
+        wait_until(
+            share_again, timeout_s=30, interval_s=0.2, what="tenant a served with its share again",
+            explain=lambda: f"tenant a got {seen[-3:]}, before the kill {a}",
+        )  # fmt: skip
+        took = time.monotonic() - killed
+        release.timings["mps_daemon_back_s"] = took
+        assert took < 10, f"tenant a's daemon was back after {took:.1f}s, not within 10 s"
+
+        def restarts() -> dict[str, int]:
+            counts = {}
+            for pod in _pods(kubectl, MPS_DAEMON_SELECTOR):
+                statuses = pod["status"].get("containerStatuses") or []
+                counts[pod["metadata"]["uid"]] = sum(c.get("restartCount", 0) for c in statuses)
+            return counts
+
+        def restarted_once() -> dict[str, int] | None:
+            counts = restarts()
+            return counts if counts.get(a_uid) == 1 else None
+
+        # the status of the restarted container reaches the API server a little later
+        counts = wait_until(
+            restarted_once, timeout_s=30, what="tenant a's daemon container restarted once",
+            explain=lambda: str(restarts()),
+        )  # fmt: skip
+        assert set(counts) == set(before), "a daemon pod was replaced instead of restarted in place"
+        assert sum(counts.values()) == 1, counts
+        assert _tenant_limits(release, namespace, "tenant-b") == b
+    finally:
+        kubectl.run("delete", "pod", "--all", "-n", namespace, "--wait=true", "--timeout=120s")
     wait_until(lambda: not _pods(kubectl, MPS_DAEMON_SELECTOR), timeout_s=120, what="MPS daemon pods deleted")
 
 

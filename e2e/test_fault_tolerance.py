@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from e2e.lib.claims import pod_claim_names
+from e2e.lib.cluster_control import feature_enabled
 from e2e.lib.driver import PLUGIN, WEBHOOK, DriverControl, HostDriver, node_slices, python_cli
 from e2e.lib.example_runner import cluster_has
 from e2e.lib.kubectl import Kubectl
@@ -103,17 +104,6 @@ def test_webhook_down_blocks_only_gpu_nvidia_com_configs(
     assert bad.returncode != 0 and "sharing.timeSlicingConfig.interval" in bad.stderr, bad.stderr
 
 
-def _feature_enabled(kubectl: Kubectl, gate: str) -> bool:
-    """Whether the API server runs with `gate` on (its kubernetes_feature_enabled metric); the local cluster
-    gives every component the same gates (e2e/cluster/cluster.py NODE_FEATURE_GATES, where the release has
-    them)."""
-    text = kubectl.run("get", "--raw", "/metrics").stdout
-    for line in text.splitlines():
-        if line.startswith("kubernetes_feature_enabled{") and f'name="{gate}"' in line:
-            return line.rsplit(" ", 1)[1].strip() in ("1", "1.0")
-    return False
-
-
 def _hardware(settings: E2ESettings, *args: str) -> None:
     argv = [*python_cli(), "hardware", *args, "--driver-root", str(settings.driver_root)]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
@@ -142,7 +132,7 @@ def test_double_bit_ecc_taints_until_reset_and_evicts_the_pod(
     taint, the device taint eviction controller deletes the pod, the taint stays past the quiet period (the
     GPU asks for a reset) and goes only after `dra-gpu hardware recover`."""
     host = _host_driver(driver)
-    if not _feature_enabled(kubectl, "DRADeviceTaints"):
+    if not feature_enabled(kubectl, "DRADeviceTaints"):
         pytest.skip(
             "DRADeviceTaints is off in this cluster: the API server drops ResourceSlice taints and nothing "
             "evicts for them (enable the gate; e2e/cluster/cluster.py enables it where the release has it)"

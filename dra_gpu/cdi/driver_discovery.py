@@ -82,24 +82,29 @@ def to_host_path(path: str, container_root: str, host_root: str) -> str:
     return str(Path(host_root) / rest) if rest else str(Path(host_root))
 
 
-def _versioned_name(root: Path, path: str) -> str:
-    """The file a soname link (`libcuda.so.1`) under the driver root points to, as a path in the same
-    directory (`.../libcuda.so.570.133.20`); the path itself when it is no link or points elsewhere."""
-    link = root / path.lstrip("/")
-    if not link.is_symlink():
-        return path
-    target = Path(os.readlink(link))
-    if target.is_absolute() or len(target.parts) != 1 or not (link.parent / target).is_file():
-        return path
-    return f"{Path(path).parent}/{target.name}"
+def _real_file(root: Path, path: str) -> str:
+    """The file a library path under the driver root resolves to, as a path inside the root: through the
+    soname link (`libcuda.so.1` -> `libcuda.so.570.133.20`) and through links into another directory,
+    relative or absolute (absolute ones are read inside the root). A host whose driver lives in
+    /usr/local/nvidia/lib64 with links in /usr/lib has it resolved there, as `nvidia-ctk cdi generate` does
+    (seen on an H100 host). The path itself when the chain does not end in a file."""
+    current = path
+    for _ in range(16):  # a link loop ends here
+        link = root / current.lstrip("/")
+        if not link.is_symlink():
+            break
+        target = os.readlink(link)
+        current = target if target.startswith("/") else os.path.normpath(f"{Path(current).parent}/{target}")
+    return current if (root / current.lstrip("/")).is_file() else path
 
 
 def discover_from_driver_root(
     driver_root: str, host_driver_root: str | None = None, *, hook_path: str | None = None
 ) -> DriverEdits:
     """Our own discovery: files under `driver_root` (as seen here), named by their host path. With
-    `hook_path` (nvidia-cdi-hook on the node) libraries are mounted under their versioned names and NVIDIA's
-    hooks are added (nvidia_hooks.py), as `nvidia-ctk cdi generate` does."""
+    `hook_path` (nvidia-cdi-hook on the node) libraries are mounted as the files their links resolve to
+    (versioned names, in the driver's own directory) and NVIDIA's hooks are added (nvidia_hooks.py), as
+    `nvidia-ctk cdi generate` does."""
     host = host_driver_root or driver_root
     root = Path(driver_root)
     nodes = tuple(device_node(host, p) for p in CONTROL_NODES if _exists(root, p))
@@ -109,11 +114,12 @@ def discover_from_driver_root(
         for name in names:
             for directory in dirs:
                 path = f"{directory}/{name}"
-                if _exists(root, path):
+                real = _real_file(root, path)  # links are followed inside the root, never on this machine
+                if _exists(root, real):
                     if hook_path and names is DRIVER_LIBRARIES:
-                        path = _versioned_name(root, path)
+                        path = real  # NVIDIA's layout: update-ldcache makes the soname links
                         libraries.append(path)
-                    host_path = str(Path(host) / path.lstrip("/"))
+                    host_path = str(Path(host) / real.lstrip("/"))
                     mounts.append(CdiMount(host_path=host_path, container_path=path, options=READ_ONLY_BIND))
                     break
     missing = [p for p in ("/dev/nvidiactl", "/usr/bin/nvidia-smi") if not _exists(root, p)]

@@ -45,6 +45,11 @@ class MpsMetrics:
             "mps_daemon_restarts", "MPS control daemons of prepared claims started again after they died",
             namespace="dra_gpu", registry=registry,
         )  # fmt: skip
+        self.limits_restored = Counter(
+            "mps_daemon_limits_restored",
+            "MPS control daemons (pods) found without their limits after a container restart, and set again",
+            namespace="dra_gpu", registry=registry,
+        )  # fmt: skip
         self.failed = Gauge(
             "mps_daemons_failed", "MPS control daemons that cannot be restarted, per GPU", ["gpu"],
             namespace="dra_gpu", registry=registry,
@@ -100,6 +105,8 @@ class MpsReconciler:
         if report.restarted:
             self._metrics.restarts.inc(len(report.restarted))
             log.info("restarted MPS daemons of prepared claims", daemons=report.restarted)
+        if report.limits_restored:
+            self._metrics.limits_restored.inc(len(report.limits_restored))
         now = time.time()
         found: dict[str, list[tuple[str, str]]] = {}
         for daemon_id, (gpus, error) in report.failed.items():

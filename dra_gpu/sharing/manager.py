@@ -26,7 +26,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ POD_RESTART_GRACE_S = 60.0  # a daemon pod that exists but does not answer for l
 @dataclass
 class MpsReconcileReport:
     restarted: list[str] = field(default_factory=list)  # daemon ids started again
+    limits_restored: list[str] = field(default_factory=list)  # daemon ids whose limits were set again
     failed: dict[str, tuple[list[str], str]] = field(default_factory=dict)  # id -> (GPU uuids, error)
     restored_modes: list[str] = field(default_factory=list)  # GPUs whose pending compute mode was restored
     reset_time_slices: list[str] = field(default_factory=list)  # GPUs whose pending time-slice reset was done
@@ -236,7 +237,16 @@ class HardwareSharingManager:
             pinned_limits=limits,
             multi_user=bool(mps.config.multiUser),
         )
-        record = self._mps.start(spec)
+        # A compute mode still pending on one of these GPUs (its claim was unprepared while the GPU was
+        # gone) becomes the mode this daemon restores; restoring it now would take MPS from this claim.
+        pending = self._registry.read().get("pendingComputeModes", {})
+        adopted = {uuid: pending[uuid] for uuid in spec.exclusive_gpus if uuid in pending}
+        record = self._mps.start(replace(spec, modes_before=adopted) if adopted else spec)
+        if adopted:
+            with self._registry.update() as data:
+                for uuid in adopted:
+                    data.setdefault("pendingComputeModes", {}).pop(uuid, None)
+            log.info("compute mode left pending by an earlier claim taken over", gpus=sorted(adopted))
         state["mpsDaemon"] = record
         return client_edits(record)
 
@@ -421,8 +431,18 @@ class HardwareSharingManager:
         return report
 
     def _reconcile_one(self, record: dict[str, Any], report: MpsReconcileReport) -> None:
-        if not Path(record["dir"]).is_dir() or self._mps.alive(record):
+        if not Path(record["dir"]).is_dir():
             self._kubelet_restarting.pop(record["id"], None)
+            return
+        if self._mps.alive(record):
+            self._kubelet_restarting.pop(record["id"], None)
+            try:
+                if self._mps.ensure_limits(record):
+                    report.limits_restored.append(record["id"])
+            except SharingError as err:
+                gpus = sorted({self._parent_gpu(uuid) for uuid in record.get("visibleDevices", [])})
+                log.error("cannot set the limits of a restarted MPS daemon", id=record["id"], error=str(err))
+                report.failed[record["id"]] = (gpus, f"its limits cannot be set again: {err}")
             return
         gpus = sorted({self._parent_gpu(uuid) for uuid in record.get("visibleDevices", [])})
         if self._mps.pod_exists(record):

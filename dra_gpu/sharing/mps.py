@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -43,7 +44,7 @@ from dra_gpu.config.quantity import format_mib
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
 from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.interface import CdiEdits, CdiMount, SharingError
-from dra_gpu.sharing.mps_pods import PodLauncher
+from dra_gpu.sharing.mps_pods import PodLauncher, pod_limit_env
 
 log = structlog.get_logger(__name__)
 
@@ -53,6 +54,10 @@ CONTAINER_SHM_DIR = "/dev/shm"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the simulated daemon; absent on some real drivers
 LOG_FILE = "control.log"
 NOT_RUNNING = "Cannot find MPS control daemon"  # what the control binary says when no daemon answers
+BUSY = "Cannot send command to MPS control daemon"  # ... when the daemon serves another control session
+THREAD_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+PINNED_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"  # only ever dropped from what the plugin passes on
+_MEMORY_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([MG])B?$")
 RECORD_FILE = "record.json"
 DEFAULT_SHM_SIZE = "65536k"  # NVIDIA's fallback when MemTotal cannot be read
 SHM_OPTIONS = "rw,nosuid,nodev,noexec,relatime"
@@ -67,6 +72,9 @@ class DaemonSpec:
     thread_percentage: int | None = None
     pinned_limits: Mapping[str, int] | None = None  # uuid -> bytes
     multi_user: bool = False  # `-M`: clients of other uids may connect (NVIDIA's mpsConfig.multiUser)
+    # gpu uuid -> the compute mode to restore at stop when known better than the GPU's current one (a mode an
+    # earlier claim could not restore because the GPU was gone: the GPU must end as it was before both)
+    modes_before: Mapping[str, int] | None = None
 
 
 def process_start_time(pid: int | None) -> int | None:
@@ -90,6 +98,37 @@ def process_start_time(pid: int | None) -> int | None:
 def same_process(pid: int | None, start_time: int | None) -> bool:
     """True only when `pid` runs and started at `start_time`: the identity check before any signal."""
     return pid is not None and start_time is not None and process_start_time(pid) == start_time
+
+
+def daemon_limit_env(record: Mapping[str, Any]) -> dict[str, str]:
+    """The record's thread limit as the control daemon's own environment (MPS docs 4.2.5, "MPS control daemon
+    level"): in force from the daemon's first moment, before any command. Not the pinned memory limit: a real
+    control daemon ignores CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in its environment (seen on an H100, driver
+    580.159.04, in every notation), so that one is set by command at every start (`limit_commands`)."""
+    if record.get("threadPercentage") is None:
+        return {}
+    return {THREAD_ENV: str(record["threadPercentage"])}
+
+
+def limit_commands(record: Mapping[str, Any]) -> list[str]:
+    """The daemon's defaults as control commands: the ceiling for every client of this daemon (a client's env
+    only lowers it; seen on an H100: a client asking for 100 % and 80G still got 25 % of the SMs and failed
+    to allocate past the 2G limit)."""
+    limits = [
+        f"set_default_device_pinned_mem_limit {uuid} {value}"
+        for uuid, value in sorted(record.get("pinnedLimits", {}).items())
+    ]
+    if record.get("threadPercentage") is not None:
+        limits.insert(0, f"set_default_active_thread_percentage {record['threadPercentage']}")
+    return limits
+
+
+def _memory_mib(text: str) -> float | None:
+    """`4096M`, `4G`, `4.0G` (get_default_device_pinned_mem_limit's answer) -> MiB; None when unset."""
+    match = _MEMORY_RE.match(text.strip())
+    if match is None:
+        return None
+    return float(match.group(1)) * (1024 if match.group(2) == "G" else 1)
 
 
 def client_edits(record: Mapping[str, Any]) -> CdiEdits:
@@ -123,6 +162,7 @@ class MpsDaemons:
         self._stop_timeout_s = stop_timeout_s
         self._mount_shm = mount_shm
         self._faults: Callable[[str], None] = faults or (lambda _step: None)
+        self._seen_restarts: dict[str, int] = {}  # daemon id -> its pod's restartCount when last checked
 
     # ---- start ---------------------------------------------------------------------------------------------
 
@@ -156,13 +196,14 @@ class MpsDaemons:
             _save_record(record)
             self._faults("mps-shm-mounted")
             for uuid in spec.exclusive_gpus:
-                record["computeModes"][uuid] = int(self._hardware.get_compute_mode(uuid))
+                current = int(self._hardware.get_compute_mode(uuid))
+                record["computeModes"][uuid] = (spec.modes_before or {}).get(uuid, current)
                 _save_record(record)  # the mode to restore is known before it is changed
                 self._hardware.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
             self._faults("mps-compute-mode-set")
             self._launch(record)
             self._faults("mps-daemon-started")
-            self._wait_ready(record, self._limit_commands(record))
+            self._wait_ready(record, limit_commands(record))
             self._faults("mps-limits-set")
         except (SharingError, HardwareError, OSError) as err:
             problems = self.stop(record)
@@ -206,36 +247,66 @@ class MpsDaemons:
             # its own pod: pid and start time are the pod's business; the pod UID is the identity
             record["launcher"], record["pid"], record["startTime"] = "pod", None, None
             _save_record(record)  # before the pod exists: a crash leaves the name to find it by
-            self._pods.launch(record, self._env(record))
+            env = {**self._env(record), **daemon_limit_env(record), **pod_limit_env(limit_commands(record))}
+            self._pods.launch(record, env)
             _save_record(record)
             return
         args = ["-d", "-M"] if record.get("multiUser") else ["-d"]
-        self._run(record, args, None, what="starting the MPS control daemon")
+        self._run(record, args, None, what="starting the MPS control daemon", env=daemon_limit_env(record))
         pid = self._read_pid(Path(record["pipeDir"]))
         start_time = process_start_time(pid) if _is_mps_process(pid) else None
         record["pid"] = pid if start_time is not None else None
         record["startTime"] = start_time
         _save_record(record)
 
-    @staticmethod
-    def _limit_commands(record: Mapping[str, Any]) -> list[str]:
-        """The daemon's defaults: the ceiling for every client of this daemon (client env only lowers it)."""
-        limits = [
-            f"set_default_device_pinned_mem_limit {uuid} {value}"
-            for uuid, value in sorted(record.get("pinnedLimits", {}).items())
-        ]
-        if record.get("threadPercentage") is not None:
-            limits.insert(0, f"set_default_active_thread_percentage {record['threadPercentage']}")
-        return limits
-
     def limits_in_force(self, record: Mapping[str, Any]) -> dict[str, Any]:
-        """The limits the running daemon holds (asked through its pipe), e.g. to check a revived daemon."""
+        """The limits the running daemon holds (asked through its pipe), e.g. to check a revived daemon;
+        pinned limits in the record's notation (`2048M`), "" where none is set."""
         thread = self.command(record, "get_default_active_thread_percentage").strip()
         pinned = {
             uuid: self.command(record, f"get_default_device_pinned_mem_limit {uuid}").strip()
             for uuid in record.get("visibleDevices", [])
         }
-        return {"threadPercentage": int(thread) if thread.isdigit() else None, "pinnedLimits": pinned}
+        try:
+            percentage: int | None = round(float(thread))  # the real tool prints "25.0"
+        except ValueError:
+            percentage = None
+        # in the record's notation ("2048M"; the real tool prints "2G"), "" where none is set
+        notation = {}
+        for uuid, text in pinned.items():
+            value = _memory_mib(text)
+            notation[uuid] = "" if value is None else f"{int(value) if value.is_integer() else value}M"
+        return {"threadPercentage": percentage, "pinnedLimits": notation}
+
+    def holds_limits(self, record: Mapping[str, Any]) -> bool:
+        """The running daemon holds the record's limits (a limit the record leaves unset is not checked)."""
+        held = self.limits_in_force(record)
+        wanted_thread = record.get("threadPercentage")
+        if wanted_thread is not None and held["threadPercentage"] != wanted_thread:
+            return False
+        return all(
+            _memory_mib(held["pinnedLimits"].get(uuid, "")) == _memory_mib(value)
+            for uuid, value in record.get("pinnedLimits", {}).items()
+        )  # compared as numbers: "2048M" == "2G"
+
+    def ensure_limits(self, record: Mapping[str, Any]) -> bool:
+        """For a daemon in a pod: when its container restarted since this process last looked (or it has not
+        looked yet), check the daemon's limits and set them again where they differ. The kubelet restarts a
+        daemon that exits in place; its environment carries the limits (daemon_limit_env), and this is the
+        check that they are in force. True when limits had to be set again; SharingError when that failed."""
+        latest = self.latest(record)
+        if latest.get("launcher") != "pod" or self._pods is None:
+            return False
+        restarts = self._pods.restarts(latest)
+        if restarts is None or self._seen_restarts.get(latest["id"]) == restarts:
+            return False
+        applied = False
+        if limit_commands(latest) and not self.holds_limits(latest):
+            log.warning("MPS daemon lost its limits; setting them again", id=latest["id"], restarts=restarts)
+            self._wait_ready(latest, limit_commands(latest))
+            applied = True
+        self._seen_restarts[latest["id"]] = restarts
+        return applied
 
     def _mount_tmpfs(self, path: Path) -> bool:
         if not self._mount_shm:
@@ -259,7 +330,8 @@ class MpsDaemons:
 
     def _env(self, record: Mapping[str, Any]) -> dict[str, str]:
         root = self._hardware.driver_root()
-        env = dict(os.environ)
+        # limits come from the record only (daemon_limit_env), never from whatever this process inherited
+        env = {k: v for k, v in os.environ.items() if k not in (THREAD_ENV, PINNED_ENV)}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(record["visibleDevices"])
         env["CUDA_MPS_PIPE_DIRECTORY"] = record["pipeDir"]
         env["CUDA_MPS_LOG_DIRECTORY"] = record["logDir"]
@@ -277,24 +349,34 @@ class MpsDaemons:
         *,
         what: str,
         timeout_s: float = 30,
+        env: Mapping[str, str] | None = None,
     ) -> str:
+        """Run the control binary. A daemon serves one control session at a time and refuses a second at once
+        (BUSY: the daemon pod's entrypoint, an admin's session); a command session is tried again until
+        `timeout_s` has passed."""
         binary = os.path.join(self._hardware.driver_root(), CONTROL_BINARY)
-        try:
-            done = subprocess.run(
-                [binary, *args],
-                input=stdin,
-                capture_output=True,
-                text=True,
-                env=self._env(record),
-                timeout=timeout_s,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise SharingError(f"{what}: {err}") from None
-        if done.returncode != 0:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.02
+        while True:
+            try:
+                done = subprocess.run(
+                    [binary, *args],
+                    input=stdin,
+                    capture_output=True,
+                    text=True,
+                    env={**self._env(record), **(env or {})},
+                    timeout=max(deadline - time.monotonic(), 0.5),
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as err:
+                raise SharingError(f"{what}: {err}") from None
+            if done.returncode == 0:
+                return done.stdout
             output = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
-            raise SharingError(f"{what}: {output}")
-        return done.stdout
+            if args or BUSY not in output or time.monotonic() + delay > deadline:
+                raise SharingError(f"{what}: {output}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
     def command(self, record: Mapping[str, Any], line: str, timeout_s: float = 30) -> str:
         """Send one control command (`echo line | nvidia-cuda-mps-control`); raise SharingError on failure."""
@@ -319,7 +401,7 @@ class MpsDaemons:
                     return
                 last = f"{log_file} was not written"
             except SharingError as err:
-                if limits and NOT_RUNNING not in str(err):
+                if limits and NOT_RUNNING not in str(err) and BUSY not in str(err):
                     raise  # the daemon answered and refused a limit: waiting will not change that
                 last = str(err)
             if time.monotonic() > deadline:
@@ -337,11 +419,13 @@ class MpsDaemons:
             return None
 
     def answers(self, record: Mapping[str, Any]) -> bool:
+        """The daemon answers on its pipe, or is busy with another control session for longer than this waits
+        (it runs: only a running daemon refuses a session)."""
         try:
             self.command(record, "get_server_list", timeout_s=5)
             return True
-        except SharingError:
-            return False
+        except SharingError as err:
+            return BUSY in str(err)
 
     def restart(self, record: dict[str, Any]) -> None:
         """Start the daemon of `record` again in place (same pipe directory, mount and limits), e.g. after it
@@ -355,7 +439,7 @@ class MpsDaemons:
         for uuid in record.get("computeModes", {}):
             self._hardware.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
         self._launch(record)
-        self._wait_ready(record, self._limit_commands(record))
+        self._wait_ready(record, limit_commands(record))
         log.info("MPS daemon restarted", id=record["id"], pid=record["pid"])
 
     def alive(self, record: Mapping[str, Any]) -> bool:

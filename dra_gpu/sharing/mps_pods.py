@@ -40,6 +40,44 @@ LABEL_NODE = "gpu.nvidia.com/node"
 CONTAINER_NAME = "mps-control-daemon"
 
 
+LIMITS_ENV = "DRA_GPU_MPS_LIMITS"  # the daemon's limit commands, one per line, for the container's entrypoint
+
+# The container's entrypoint (`sh -c ENTRYPOINT <control binary> [-M]`): the daemon in the foreground as a
+# child, then, once it answers, its limits by command, at every start of the container. The kubelet restarts a
+# daemon that exits in place and tells no one; a real control daemon takes its thread percentage from its
+# environment but not its pinned memory limit, so without this a restarted daemon would serve without one
+# until the plugin's next reconcile pass. A daemon whose limits cannot be set is stopped (the container fails
+# and is restarted; the plugin reports it if that persists): it must not serve without them. SIGTERM sends
+# `quit`.
+ENTRYPOINT = """\
+ctl="$0"
+"$ctl" -f "$@" &
+daemon=$!
+trap 'echo quit | "$ctl" >/dev/null 2>&1; wait "$daemon"; exit 0' TERM INT
+until echo get_server_list | "$ctl" >/dev/null 2>&1; do
+  kill -0 "$daemon" 2>/dev/null || { wait "$daemon"; exit 1; }
+  sleep 0.05
+done
+tries=0
+while [ -n "$DRA_GPU_MPS_LIMITS" ] && ! printf '%s\\n' "$DRA_GPU_MPS_LIMITS" | "$ctl" >/dev/null; do
+  tries=$((tries + 1))
+  if [ "$tries" -ge 100 ] || ! kill -0 "$daemon" 2>/dev/null; then
+    echo "dra-gpu: cannot set the MPS daemon's limits; stopping it" >&2
+    echo quit | "$ctl" >/dev/null 2>&1
+    wait "$daemon"
+    exit 1
+  fi
+  sleep 0.05  # the daemon serves one control session at a time: the plugin may be talking to it
+done
+wait "$daemon"
+"""
+
+
+def pod_limit_env(commands: list[str]) -> dict[str, str]:
+    """The environment that carries a daemon's limit commands to its pod's entrypoint."""
+    return {LIMITS_ENV: "\n".join(commands)} if commands else {}
+
+
 def pod_name(daemon_id: str) -> str:
     """`dra-gpu-mps-<daemon id>` (a claim UID plus a 5-hex digest: 54 characters, a valid DNS label)."""
     return f"dra-gpu-mps-{daemon_id}"[:63].rstrip("-")
@@ -73,8 +111,9 @@ class PodLauncher:
 
     def manifest(self, record: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
         binary = os.path.join(self.container_driver_root, "usr", "bin", "nvidia-cuda-mps-control")
-        command = [binary, "-f", *(["-M"] if record.get("multiUser") else [])]
+        command = ["sh", "-c", ENTRYPOINT, binary, *(["-M"] if record.get("multiUser") else [])]
         keep = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", LIMITS_ENV,
                 "LD_LIBRARY_PATH", "PATH", "DRA_GPU_SIM_ROOT")  # fmt: skip
         volumes = [
             ("driver-root", self.host_driver_root, self.container_driver_root, None),
@@ -154,6 +193,17 @@ class PodLauncher:
             and pod["metadata"]["uid"] == record.get("podUid")
             and not pod["metadata"].get("deletionTimestamp")
         )
+
+    def restarts(self, record: Mapping[str, Any]) -> int | None:
+        """How often the kubelet restarted the daemon container of the pod with the recorded UID (None: no
+        such pod, or no status yet)."""
+        pod = self.get(record.get("podName") or pod_name(record["id"]))
+        if pod is None or pod["metadata"]["uid"] != record.get("podUid"):
+            return None
+        for status in pod.get("status", {}).get("containerStatuses") or []:
+            if status.get("name") == CONTAINER_NAME:
+                return int(status.get("restartCount", 0))
+        return None
 
     def stop(self, record: Mapping[str, Any]) -> list[str]:
         """Delete the pod with the recorded UID and wait until it is gone; problems (empty when done)."""

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from e2e.lib.kubectl import Kubectl
 from e2e.lib.settings import REPO_ROOT
 
 CLUSTER_STATE = Path("/var/lib/dra-gpu-e2e")
@@ -87,3 +88,14 @@ def restart_local_kubelet(timeout_s: float = 30) -> float:
     tmp.write_text(json.dumps(entries, indent=2) + "\n")
     tmp.replace(pids_file)
     return time.monotonic() - t0
+
+
+def feature_enabled(kubectl: Kubectl, gate: str) -> bool:
+    """Whether the API server runs with `gate` on (its kubernetes_feature_enabled metric); the local cluster
+    gives every component the same gates (e2e/cluster/cluster.py NODE_FEATURE_GATES, where the release has
+    them)."""
+    text = kubectl.run("get", "--raw", "/metrics").stdout
+    for line in text.splitlines():
+        if line.startswith("kubernetes_feature_enabled{") and f'name="{gate}"' in line:
+            return line.rsplit(" ", 1)[1].strip() in ("1", "1.0")
+    return False

@@ -171,3 +171,31 @@ def test_hook_is_copied_into_the_plugin_directory(tmp_path: Path) -> None:
 def test_no_hook_anywhere_means_no_hooks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     assert install_cdi_hook(None, tmp_path / "plugin") is None
+
+
+def test_libraries_linked_from_another_directory_are_mounted_where_they_live(tmp_path: Path) -> None:
+    """A host as seen on an H100 machine: the driver in /usr/local/nvidia/lib64, /usr/lib holding absolute
+    links to it. NVIDIA's `cdi generate` mounts the files in /usr/local/nvidia/lib64 under their versioned
+    names; so does our own discovery (absolute links read inside the driver root, not on this machine)."""
+    real = tmp_path / "usr/local/nvidia/lib64"
+    real.mkdir(parents=True)
+    (tmp_path / "usr/lib").mkdir(parents=True)
+    for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):
+        versioned = soname.rsplit(".so.", 1)[0] + ".so.580.159.04"
+        (real / versioned).write_bytes(b"")
+        (real / soname).symlink_to(versioned)
+        (tmp_path / "usr/lib" / soname).symlink_to(f"/usr/local/nvidia/lib64/{soname}")
+    (tmp_path / "usr/lib/libnvidia-cfg.so.1").symlink_to("/nowhere/libnvidia-cfg.so.1")  # dangling: skipped
+    edits = discover_from_driver_root(str(tmp_path), hook_path=HOOK)
+    libraries = {m.container_path: m.host_path for m in edits.mounts}
+    lib = "/usr/local/nvidia/lib64"
+    assert libraries == {
+        f"{lib}/libnvidia-ml.so.580.159.04": f"{tmp_path}{lib}/libnvidia-ml.so.580.159.04",
+        f"{lib}/libcuda.so.580.159.04": f"{tmp_path}{lib}/libcuda.so.580.159.04",
+    }
+    assert [h.args[1:] for h in edits.hooks] == [
+        ("create-symlinks", "--link", f"libcuda.so.1::{lib}/libcuda.so"),
+        ("enable-cuda-compat", "--host-driver-version=580.159.04"),
+        ("update-ldcache", "--folder", lib),
+    ]
+    assert edits.env == (f"NVIDIA_CTK_LIBCUDA_DIR={lib}",)

@@ -100,7 +100,8 @@ def test_spec_content_with_a_separate_driver_root(sim_root: str) -> None:
     }
     libs = {m["containerPath"]: m for m in common["mounts"]}
     ml = libs["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"]
-    assert ml["hostPath"] == f"{sim_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+    # the soname's path in the container, the file its link resolves to (inside the root) as the source
+    assert ml["hostPath"] == f"{sim_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.570.133.20"
     assert "ro" in ml["options"] and "bind" in ml["options"]
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in libs and "/usr/bin/nvidia-smi" in libs
     for mount in common["mounts"]:  # only files that exist are mounted
@@ -251,7 +252,7 @@ def test_files_found_under_the_container_root_are_named_by_host_path(sim_root: s
     driver = discover_driver_edits(sim_root, use_ctk=False, host_driver_root=HOST_ROOT)
     mounts = {m.container_path: m.host_path for m in driver.mounts}
     assert mounts["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"] == (
-        f"{HOST_ROOT}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
+        f"{HOST_ROOT}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.570.133.20"
     )
     assert mounts["/usr/bin/nvidia-cuda-mps-control"] == f"{HOST_ROOT}/usr/bin/nvidia-cuda-mps-control"
     nodes = {n.path: n.host_path for n in driver.device_nodes}

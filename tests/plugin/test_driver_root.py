@@ -52,7 +52,7 @@ def test_container_root_is_read_and_host_root_is_written(
     ]
     common = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
     lib = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
-    assert common[lib] == f"{HOST_ROOT}{lib}"
+    assert common[lib] == f"{HOST_ROOT}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.570.133.20"  # link resolved
     assert common["/usr/bin/nvidia-smi"] == f"{HOST_ROOT}/usr/bin/nvidia-smi"
     nodes = {n["path"]: n.get("hostPath") for n in spec["containerEdits"]["deviceNodes"]}
     assert nodes["/dev/nvidiactl"] == f"{HOST_ROOT}/dev/nvidiactl"

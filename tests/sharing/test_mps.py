@@ -104,6 +104,52 @@ def test_per_device_limits_by_index_and_uuid(make_node: Callable[[str], SimNode]
     manager.unprepare_group("c", result.state)
 
 
+def _environ(pid: int) -> dict[str, str]:
+    items = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+    return dict(item.split("=", 1) for item in items if "=" in item)
+
+
+def test_the_daemon_starts_with_its_thread_limit_in_its_own_environment(
+    make_node: Callable[[str], SimNode], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread limit is the daemon's from its first moment (MPS docs 4.2.5, control daemon level), also
+    when it is started again without the plugin; the pinned limit goes by command (a real daemon ignores it in
+    its environment). What the plugin process itself inherited never reaches a daemon."""
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "5")
+    monkeypatch.setenv("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=1M")
+    node = make_node("dgx-h100")
+    manager = node.manager()
+    config = mps_config(
+        defaultActiveThreadPercentage=40,
+        defaultPinnedDeviceMemoryLimit="4Gi",
+        defaultPerDevicePinnedMemoryLimit={"1": "8Gi"},
+    )
+    limited = manager.prepare_group("claim-1", config, [node.alloc(f"gpu-{m}") for m in (0, 1)])
+    daemon = limited.state["mpsDaemon"]
+    environ = _environ(daemon["pid"])
+    assert environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in environ
+    assert sorted(manager._mps.limits_in_force(daemon)["pinnedLimits"].values()) == ["4096M", "8192M"]
+
+    plain = manager.prepare_group("claim-2", mps_config(), [node.alloc("gpu-2")])
+    environ = _environ(plain.state["mpsDaemon"]["pid"])
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in environ
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in environ
+    held = manager._mps.limits_in_force(plain.state["mpsDaemon"])
+    assert held["threadPercentage"] == 100 and set(held["pinnedLimits"].values()) == {""}
+    manager.unprepare_group("claim-1", limited.state)
+    manager.unprepare_group("claim-2", plain.state)
+    assert node.leftovers() == []
+
+
+def test_limits_are_read_in_the_real_tools_notation() -> None:
+    """The real control binary answers `25.0` and e.g. `4G`; the record holds `4096M`."""
+    from dra_gpu.sharing.mps import _memory_mib
+
+    assert _memory_mib("4G") == _memory_mib("4096M") == _memory_mib("4.0G") == 4096
+    assert _memory_mib("0") is None and _memory_mib("") is None
+
+
 def test_daemon_survives_a_plugin_restart(node: SimNode) -> None:
     result = node.manager().prepare_group("claim-1", mps_config(), [node.alloc("gpu-0")])
     pid = result.state["mpsDaemon"]["pid"]
@@ -313,7 +359,7 @@ def test_a_daemon_killed_by_hand_is_back_with_the_same_limits(node: SimNode) -> 
     assert latest["pid"] != daemon["pid"] and latest["pipeDir"] == daemon["pipeDir"]
     assert manager._mps.limits_in_force(latest) == {
         "threadPercentage": 40,
-        "pinnedLimits": {node.uuid(): "2048M"},
+        "pinnedLimits": {node.uuid(): "2048M"},  # the tool answers "2G": read back in the record's notation
     }
     assert daemon_record(node, result)["multi_user"] is True
     assert node.gpu_state(node.uuid()).compute_mode == int(ComputeMode.EXCLUSIVE_PROCESS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ def test_daemon_client_round_trip_and_quit(node: SimNode, env: dict[str, str]) -
         done = control(
             node, env, stdin="set_default_active_thread_percentage 33\nget_default_active_thread_percentage\n"
         )
-        assert done.returncode == 0 and done.stdout.split() == ["33", "33"]
+        assert done.returncode == 0 and done.stdout.split() == ["33.0", "33.0"]  # as the real tool answers
         bad = control(node, env, stdin="set_default_active_thread_percentage 300\n")
         assert bad.returncode == 1 and "0..100" in bad.stderr
         bad = control(node, env, stdin="set_default_device_pinned_mem_limit GPU-nope 10M\n")
@@ -50,6 +51,9 @@ def test_daemon_client_round_trip_and_quit(node: SimNode, env: dict[str, str]) -
         assert bad.returncode == 1
         record = node.mps_records()[str(pipe)]
         assert record["running"] and record["pid"] == pid
+        # as a real daemon's: clients of any uid (a non-root workload) can reach it
+        assert stat.S_IMODE(os.stat(pipe / "control").st_mode) == 0o666
+        assert stat.S_IMODE(os.stat(pipe / "control_lock").st_mode) == 0o666
         # the second -d probed the running daemon with get_server_list
         assert [c["ok"] for c in record["commands"]] == [True, True, True, False, False, False]
         assert control(node, env, stdin="quit\n").returncode == 0
@@ -82,3 +86,74 @@ def test_daemon_refuses_unknown_devices(node: SimNode, env: dict[str, str]) -> N
     import shutil
 
     shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)
+
+
+def test_the_thread_limit_in_the_daemons_environment_is_its_default_from_the_start(
+    node: SimNode, env: dict[str, str]
+) -> None:
+    """MPS docs 4.2.5 (control daemon level): the thread percentage a daemon is started with holds before any
+    command. A pinned memory limit in its environment is ignored, as a real daemon ignores it (H100, driver
+    580.159.04); answers look like the real tool's (`25.0`, `2G`, nothing when unset)."""
+    env = {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=2G"}
+    assert control(node, env, "-d").returncode == 0
+    pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+    pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    try:
+        ask = f"get_default_active_thread_percentage\nget_default_device_pinned_mem_limit {node.uuid()}\n"
+        done = control(node, env, stdin=ask)
+        assert done.returncode == 0 and done.stdout.split() == ["25.0"]
+        record = node.mps_records()[str(pipe)]
+        assert record["default_active_thread_percentage"] == 25
+        assert record["default_pinned_mem_limits"] == {}
+        done = control(node, env, stdin="set_default_device_pinned_mem_limit 0 2048M\n" + ask)
+        assert done.returncode == 0 and done.stdout.split() == ["25.0", "2G"]
+    finally:
+        assert control(node, env, stdin="quit\n").returncode == 0
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        import shutil
+
+        shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)
+
+
+@pytest.mark.parametrize("value", ["150", "lots", "-1"])
+def test_a_daemon_with_an_invalid_thread_limit_in_its_environment_does_not_start(
+    node: SimNode, env: dict[str, str], value: str
+) -> None:
+    done = control(node, {**env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": value}, "-d")
+    assert done.returncode == 1 and "0..100" in done.stderr
+    assert not (Path(env["CUDA_MPS_PIPE_DIRECTORY"]) / "nvidia-cuda-mps-control.pid").exists()
+
+
+def test_the_daemon_serves_one_control_session_at_a_time(node: SimNode, env: dict[str, str]) -> None:
+    """As a real daemon (H100, driver 580.159.04): while one session is open, another fails at once with
+    "Cannot send command to MPS control daemon process"; once it is closed, the next one works."""
+    assert control(node, env, "-d").returncode == 0
+    pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+    pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    binary = node.root / "usr" / "bin" / "nvidia-cuda-mps-control"
+    held = subprocess.Popen([str(binary)], stdin=subprocess.PIPE, env=env)  # a session with its stdin open
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # until the held session has its lock
+            busy = control(node, env, stdin="get_server_list\n")
+            if busy.returncode == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert busy.returncode == 1 and "Cannot send command to MPS control daemon process" in busy.stderr
+        assert held.stdin is not None
+        held.stdin.write(b"get_default_active_thread_percentage\n")
+        held.stdin.close()
+        assert held.wait(10) == 0
+        assert control(node, env, stdin="get_server_list\n").returncode == 0
+    finally:
+        held.kill()
+        held.wait(10)
+        assert control(node, env, stdin="quit\n").returncode == 0
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        import shutil
+
+        shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)

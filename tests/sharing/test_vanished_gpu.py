@@ -7,8 +7,10 @@ import time
 
 from sim_node import SimNode
 from test_mig_lifecycle import dynamic
+from test_mps import mps_config
 from test_time_slicing import ts_config
 
+from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.manager import HardwareSharingManager
 
 
@@ -49,6 +51,28 @@ def test_a_new_claims_interval_on_the_returned_gpu_is_not_reset(node: SimNode) -
     assert node.gpu_state(uuid).timeslice == 1
     manager.unprepare_group("claim-2", second.state)
     assert node.gpu_state(uuid).timeslice == 0
+
+
+def test_a_new_mps_claim_on_the_returned_gpu_keeps_its_mode_and_restores_the_first_one(node: SimNode) -> None:
+    """Claim 1 (MPS) is unprepared while its GPU is gone: PROHIBITED (the mode before it) is owed. Claim 2
+    (MPS) gets the GPU once it is back, before the reconcile pass: the pass must not take EXCLUSIVE_PROCESS
+    from claim 2, and claim 2's unprepare puts back PROHIBITED, the mode from before either claim."""
+    uuid = node.uuid()
+    node.hardware.set_compute_mode(uuid, ComputeMode.PROHIBITED)
+    manager = node.manager()
+    first = manager.prepare_group("claim-1", mps_config(), [node.alloc("gpu-0")])
+    nvml = node.hardware.nvml_module()
+    nvml.lose_gpu(0)
+    _unprepare_fast(manager, "claim-1", first.state)
+    assert manager.pending_cleanup() == {uuid: ["compute mode PROHIBITED to restore"]}
+    nvml.recover_gpu(0)
+    second = manager.prepare_group("claim-2", mps_config(), [node.alloc("gpu-0")])
+    assert manager.pending_cleanup() == {}  # claim 2's daemon owes the mode now
+    assert manager.reconcile_mps([second.state]).restored_modes == []
+    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.EXCLUSIVE_PROCESS)
+    manager.unprepare_group("claim-2", second.state)
+    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.PROHIBITED)
+    assert node.leftovers() == []
 
 
 def test_mig_device_of_a_vanished_gpu_is_destroyed_when_it_returns(node: SimNode) -> None:

@@ -17,41 +17,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dra_gpu.hardware.sim_tools.mps_control import DEFAULT_PIPE_DIR, SOCKET_NAME, _connect
+from dra_gpu.hardware.sim_tools.mps_control import (
+    DEFAULT_PIPE_DIR,
+    SOCKET_NAME,
+    CommandError,
+    _connect,
+    mib,
+    parse_pinned_env,
+)
 
-_VALUE_RE = re.compile(r"^([0-9]+)([MG])$")
 
-
-class ClientError(Exception):
+class ClientError(CommandError):
     pass
-
-
-def mib(value: str) -> int:
-    """`<N>M` / `<N>G` (the MPS tools' notation) -> MiB."""
-    match = _VALUE_RE.match(value.strip())
-    if match is None:
-        raise ClientError(f"invalid memory limit {value!r}: expected <N>M or <N>G")
-    return int(match.group(1)) * (1024 if match.group(2) == "G" else 1)
-
-
-def parse_pinned_env(text: str, visible: Sequence[str]) -> dict[str, int]:
-    """`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` ("0=1G,GPU-...=512M": device index or UUID) -> uuid -> MiB."""
-    limits: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        device, _, value = item.partition("=")
-        if device.isdigit() and int(device) < len(visible):
-            device = visible[int(device)]
-        if device not in visible:
-            raise ClientError(
-                f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names {device!r}, not a device of this server"
-            )
-        limits[device] = mib(value)
-    return limits
 
 
 def effective_limits(
@@ -100,7 +81,7 @@ def query(env: Mapping[str, str]) -> dict[str, object]:
     for uuid in visible:
         value = _ask(pipe_dir, f"get_default_device_pinned_mem_limit {uuid}")
         daemon_pinned[uuid] = None if value in ("", "0") else mib(value)
-    return effective_limits(int(thread_text), daemon_pinned, env)
+    return effective_limits(round(float(thread_text)), daemon_pinned, env)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         print(json.dumps(query(os.environ), sort_keys=True))
-    except ClientError as err:
+    except CommandError as err:
         print(f"mps client: {err}", file=sys.stderr)
         return 1
     return 0

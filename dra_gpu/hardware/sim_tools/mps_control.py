@@ -15,11 +15,17 @@ Commands (a subset of the real tool's): `get_server_list`, `set_default_active_t
 `get_default_active_thread_percentage`, `set_default_device_pinned_mem_limit DEV VALUE`,
 `get_default_device_pinned_mem_limit DEV`, `quit`. DEV is a UUID or an index into `CUDA_VISIBLE_DEVICES`;
 VALUE is `<N>M` or `<N>G`. Invalid commands get an error answer and the client exits 1, as the driver expects.
+
+A thread percentage in the daemon's own environment (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) is its default from
+the moment it starts (MPS docs 4.2.5, "MPS control daemon level"); `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` there is
+ignored, as a real daemon ignores it (H100, driver 580.159.04). Answers are printed as the real tool prints
+them: `30.0` for a thread percentage, `2G` (or `1500M`) for a pinned limit, nothing for an unset one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -27,7 +33,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +44,8 @@ if TYPE_CHECKING:
 
 SOCKET_NAME = "control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
+LOCK_FILE = "control_lock"  # one control session ("UI") at a time, as the real daemon's pipe directory has
+BUSY_MESSAGE = "Cannot send command to MPS control daemon process"
 LOG_FILE = "control.log"
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
@@ -122,12 +130,10 @@ class Daemon:
         if name == "get_server_list" and not args:
             return "", False  # no client has connected, so no MPS server runs yet
         if name == "set_default_active_thread_percentage" and len(args) == 1:
-            if not args[0].isdigit() or not 0 <= int(args[0]) <= 100:
-                raise CommandError(f"invalid active thread percentage {args[0]!r}: expected 0..100")
-            self.thread_percentage = int(args[0])
-            return str(self.thread_percentage), False
+            self.thread_percentage = thread_percentage(args[0])
+            return f"{self.thread_percentage:.1f}", False  # the real tool answers "30.0"
         if name == "get_default_active_thread_percentage" and not args:
-            return str(self.thread_percentage if self.thread_percentage is not None else 100), False
+            return f"{self.thread_percentage if self.thread_percentage is not None else 100:.1f}", False
         if name == "set_default_device_pinned_mem_limit" and len(args) == 2:
             uuid = self.device(args[0])
             if not _LIMIT_RE.match(args[1]) or int(args[1][:-1]) == 0:
@@ -135,7 +141,8 @@ class Daemon:
             self.pinned[uuid] = args[1]
             return "", False
         if name == "get_default_device_pinned_mem_limit" and len(args) == 1:
-            return self.pinned.get(self.device(args[0]), "0"), False
+            value = self.pinned.get(self.device(args[0]))
+            return ("" if value is None else _as_the_tool_prints(value)), False  # unset: no answer
         if name == "sim_get_visible_devices" and not args:  # simulator only: for the simulated client
             return json.dumps(self.visible), False
         if name == "quit" and not args:
@@ -172,6 +179,55 @@ def _read_line(conn: socket.socket) -> str:
     return data.decode(errors="replace").strip()
 
 
+def mib(value: str) -> int:
+    """`<N>M` / `<N>G` (the MPS tools' notation) -> MiB."""
+    match = _LIMIT_RE.match(value.strip())
+    if match is None or int(match.group(1)) == 0:
+        raise CommandError(f"invalid memory limit {value!r}: expected <N>M or <N>G, N > 0")
+    return int(match.group(1)) * (1024 if match.group(2) == "G" else 1)
+
+
+def parse_pinned_env(text: str, visible: Sequence[str]) -> dict[str, int]:
+    """`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` ("0=1G,GPU-...=512M": device index or UUID) -> uuid -> MiB."""
+    limits: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        device, _, value = item.partition("=")
+        if device.isdigit() and int(device) < len(visible):
+            device = visible[int(device)]
+        if device not in visible:
+            raise CommandError(
+                f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT names {device!r}, not a device of this server"
+            )
+        limits[device] = mib(value)
+    return limits
+
+
+def thread_percentage(text: str) -> int:
+    """An active thread percentage as the tool takes it (`30`, `40.5`; 0..100), rounded to a whole one."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100:
+        raise CommandError(f"invalid active thread percentage {text!r}: expected 0..100")
+    return round(value)
+
+
+def _as_the_tool_prints(value: str) -> str:
+    """`2048M` -> `2G`: the real tool answers in whole GiB where it can (seen on driver 580.159.04)."""
+    mebibytes = mib(value)
+    return f"{mebibytes >> 10}G" if mebibytes % 1024 == 0 else f"{mebibytes}M"
+
+
+def thread_percentage_from_env(env: Mapping[str, str]) -> int | None:
+    """The daemon-level default from the control daemon's own environment (MPS docs 4.2.5, "MPS control
+    daemon level"). Only the thread percentage: a real control daemon (H100, driver 580.159.04) ignores
+    CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in its own environment (in every notation: index or UUID, M or G), so the
+    simulated one does too; pinned limits are set by command."""
+    text = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
+    return thread_percentage(text) if text else None
+
+
 def _dirs() -> tuple[Path, Path]:
     pipe_dir = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or DEFAULT_PIPE_DIR)
     log_dir = Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or DEFAULT_LOG_DIR)
@@ -195,6 +251,11 @@ def start_daemon(foreground: bool = False, multi_user: bool = False) -> int:
                 f"CUDA_VISIBLE_DEVICES names devices that do not exist: {','.join(unknown)}", file=sys.stderr
             )
             return 1
+    try:
+        daemon_threads = thread_percentage_from_env(os.environ)
+    except CommandError as err:
+        print(str(err), file=sys.stderr)
+        return 1
     pipe_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     if (pipe_dir / PID_FILE).exists() and _answers(pipe_dir):
@@ -202,6 +263,8 @@ def start_daemon(foreground: bool = False, multi_user: bool = False) -> int:
         return 1
     with contextlib.suppress(FileNotFoundError):
         (pipe_dir / SOCKET_NAME).unlink()
+    (pipe_dir / LOCK_FILE).touch()
+    os.chmod(pipe_dir / LOCK_FILE, 0o666)
     # Bind before forking so that a failure is reported to the caller; bind with a relative name so a long
     # pipe directory does not hit the 108-byte limit of socket paths.
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -209,11 +272,15 @@ def start_daemon(foreground: bool = False, multi_user: bool = False) -> int:
     os.chdir(pipe_dir)
     try:
         listener.bind(SOCKET_NAME)
+        # As a real daemon's (H100, driver 580.159.04): `control` and `control_lock` are 0666, so clients of
+        # any uid (a workload image's non-root user) reach the daemon through the mounted pipe directory.
+        os.chmod(SOCKET_NAME, 0o666)
     finally:
         os.chdir(cwd)
     listener.listen(16)
     daemon = Daemon(pipe_dir, log_dir, visible, store)
     daemon.multi_user = multi_user
+    daemon.thread_percentage = daemon_threads
     if foreground:
         signal.signal(signal.SIGTERM, _exit_on_signal)
         _daemon_main(listener, None, daemon)
@@ -300,28 +367,46 @@ def _answers(pipe_dir: Path) -> bool:
         return False
 
 
-def run_client(lines: Sequence[str]) -> int:
+def run_client(lines: Iterable[str]) -> int:
+    """One control session (a "UI" in the daemon's log): every stdin line as a command, in order.
+
+    A real control daemon serves one UI at a time; a second one fails at once with "Cannot send command to MPS
+    control daemon process" and exit status 1, also while the first only holds its stdin open (seen on an
+    H100, driver 580.159.04: 15 of 20 concurrent `echo get_server_list | nvidia-cuda-mps-control` failed so).
+    The simulated session holds an exclusive lock on the pipe directory's `control_lock` to do the same."""
     pipe_dir, _ = _dirs()
-    status = 0
-    for line in lines:
-        if not line.strip():
-            continue
+    try:
+        lock = open(pipe_dir / LOCK_FILE, "rb")  # noqa: SIM115 (held for the whole session)
+    except OSError:
+        print("Cannot find MPS control daemon process", file=sys.stderr)
+        return 1
+    with lock:
         try:
-            conn = _connect(pipe_dir)
-        except OSError:
-            print("Cannot find MPS control daemon process", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(BUSY_MESSAGE, file=sys.stderr)
             return 1
-        with conn:
-            conn.settimeout(10)
-            conn.sendall(line.strip().encode() + b"\n")
-            reply = b""
-            while chunk := conn.recv(4096):
-                reply += chunk
-        failed = reply.endswith(b"\x00")
-        text = reply.rstrip(b"\x00").decode(errors="replace")
-        (sys.stderr if failed else sys.stdout).write(text)
-        status = 1 if failed else status
-    return status
+        status = 0
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                conn = _connect(pipe_dir)
+            except OSError:
+                print("Cannot find MPS control daemon process", file=sys.stderr)
+                return 1
+            with conn:
+                conn.settimeout(10)
+                conn.sendall(line.strip().encode() + b"\n")
+                reply = b""
+                while chunk := conn.recv(4096):
+                    reply += chunk
+            failed = reply.endswith(b"\x00")
+            text = reply.rstrip(b"\x00").decode(errors="replace")
+            (sys.stderr if failed else sys.stdout).write(text)
+            sys.stdout.flush()
+            status = 1 if failed else status
+        return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -331,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args:
         print("usage: nvidia-cuda-mps-control -d|-f [-M]   (commands on stdin otherwise)", file=sys.stderr)
         return 2
-    return run_client(sys.stdin.read().splitlines())
+    return run_client(sys.stdin)
 
 
 if __name__ == "__main__":
