@@ -45,6 +45,21 @@ def _mps_config(threads: int, pinned: str) -> dict[str, Any]:
     }
 
 
+def _run_mps_pod(
+    kubectl: Kubectl, driver: DriverControl, settings: E2ESettings, namespace: str, threads: int, pinned: str
+) -> dict[str, Any]:
+    """Pod `pod` with a whole-GPU MPS claim (template `mps`) with these limits, Running; returns the pods."""
+    docs = [
+        claim_template(namespace, "mps", config=_mps_config(threads, pinned)),
+        pod_with_template(namespace, "pod", "mps", settings.test_image),
+    ]
+    kubectl.apply(yaml.safe_dump_all(docs))
+    return wait_for_pods(
+        kubectl, namespace, ["pod"], phases=("Running",), timeout_s=settings.pod_timeout_s,
+        driver_log_tail=driver.log_tail,
+    )  # fmt: skip
+
+
 def _start_time(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -99,18 +114,7 @@ def test_a_killed_daemon_is_back_within_10s_and_a_reused_pid_is_never_signalled(
     the old pid; deleting the pod stops the new daemon and still leaves that process alone."""
     if not isinstance(driver, HostDriver):
         pytest.skip("kills and impersonates host processes (host mode, the local cluster)")
-    kubectl.apply(
-        yaml.safe_dump_all(
-            [
-                claim_template(namespace, "mps", config=_mps_config(40, "4Gi")),
-                pod_with_template(namespace, "pod", "mps", settings.test_image),
-            ]
-        )
-    )
-    wait_for_pods(
-        kubectl, namespace, ["pod"], phases=("Running",), timeout_s=settings.pod_timeout_s,
-        driver_log_tail=driver.log_tail,
-    )  # fmt: skip
+    _run_mps_pod(kubectl, driver, settings, namespace, 40, "4Gi")
     (daemon_id, record), *others = [
         (k, r) for k, r in _records(settings).items() if r.get("threadPercentage") == 40
     ]
@@ -188,18 +192,7 @@ def test_unprepare_with_the_gpu_gone_finishes_and_is_cleaned_when_it_returns(
     if not isinstance(driver, HostDriver):
         pytest.skip("drives the simulated GPUs of this machine (host mode, the local cluster)")
     host = driver
-    kubectl.apply(
-        yaml.safe_dump_all(
-            [
-                claim_template(namespace, "mps", config=_mps_config(50, "8Gi")),
-                pod_with_template(namespace, "pod", "mps", settings.test_image),
-            ]
-        )
-    )
-    pods = wait_for_pods(
-        kubectl, namespace, ["pod"], phases=("Running",), timeout_s=settings.pod_timeout_s,
-        driver_log_tail=host.log_tail,
-    )  # fmt: skip
+    pods = _run_mps_pod(kubectl, host, settings, namespace, 50, "8Gi")
     claim_obj = kubectl.get_json(CLAIMS, pod_claim_names(pods["pod"])["gpu"], namespace)
     device = claim_obj["status"]["allocation"]["devices"]["results"][0]["device"]
     by_name = {d["name"]: d for s in host.slices() for d in s["spec"].get("devices") or []}

@@ -191,7 +191,9 @@ H100_80GB = GpuProfile(
     nvlinks=18,
     mig_profiles=_hopper_profiles(
         ("1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"),
-        (9.75, 19.62, 19.62, 39.50, 79.25),
+        # NVML's sizes on a real H100 80GB HBM3 (driver 580.159.04, 2026-11-25): 9984, 20096, 20096, 40448 and
+        # 81152 MiB; nvidia-smi prints 20096 MiB as "19.62" GiB
+        (9.75, 19.625, 19.625, 39.50, 79.25),
     ),
 )
 

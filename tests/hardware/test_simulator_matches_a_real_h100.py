@@ -1,0 +1,53 @@
+"""The simulator stands in for the GPU: its H100 must publish what a real H100 publishes.
+
+tests/hardware/data/h100-80gb-real-slices.json is `dra-gpu slices --hardware real` run on an NVIDIA H100 80GB
+HBM3 (driver 580.159.04, MIG disabled), with the attributes that belong to one machine removed (UUIDs, PCI
+bus id, NUMA node, driver and CUDA versions, addressing mode). The same command on the simulated h100-80gb
+must give the same devices: names, the remaining attributes, capacities, the counters each MIG placement
+consumes, and the shared counter sets.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_gpu.cli.slices import main as slices_main
+
+REAL = Path(__file__).parent / "data" / "h100-80gb-real-slices.json"
+PER_MACHINE = {
+    "uuid", "parentUUID", "driverVersion", "cudaDriverVersion", "addressingMode",
+    "resource.kubernetes.io/pciBusID", "resource.kubernetes.io/numaNode",
+}  # fmt: skip
+
+
+def _comparable(items: list[dict[str, Any]]) -> dict[str, Any]:
+    devices = {}
+    counters = []
+    for item in items:
+        spec = item.get("spec", item)
+        counters += spec.get("sharedCounters") or []
+        for device in spec.get("devices") or []:
+            device = dict(device)
+            attributes = device.get("attributes") or {}
+            device["attributes"] = {k: v for k, v in attributes.items() if k not in PER_MACHINE}
+            devices[device["name"]] = device
+    return {"devices": devices, "sharedCounters": counters}
+
+
+def test_the_simulated_h100_publishes_what_a_real_h100_publishes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(tmp_path / "root")
+    argv = ["--hardware", "h100-80gb", "--driver-root", root, "--node", "real-h100", "-o", "json"]
+    assert slices_main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    simulated = _comparable(printed["items"] if isinstance(printed, dict) else printed)
+    real = _comparable(json.loads(REAL.read_text())["slices"])
+    assert sorted(simulated["devices"]) == sorted(real["devices"])
+    for name, device in real["devices"].items():
+        assert simulated["devices"][name] == device, name
+    assert simulated["sharedCounters"] == real["sharedCounters"]
