@@ -74,6 +74,12 @@ class ProcessTable:
             )
         _CHILDREN[proc.pid] = proc
         entry = ManagedProcess(name, proc.pid, list(argv), str(log), time.time(), extra)
+        # Popen returns once the child has exec'd, but the kernel sets the new program's argv (what
+        # /proc/<pid>/cmdline shows, and is_running compares) a moment later: wait for it, so that a caller's
+        # is_running right after start cannot see an empty command line on a busy machine.
+        deadline = time.monotonic() + 5
+        while not is_running(entry) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         table = self._load()
         table[name] = entry
         self._save(table)
