@@ -133,17 +133,17 @@ def test_the_daemon_serves_one_control_session_at_a_time(node: SimNode, env: dic
     pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
     pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
     binary = node.root / "usr" / "bin" / "nvidia-cuda-mps-control"
-    held = subprocess.Popen([str(binary)], stdin=subprocess.PIPE, env=env)  # a session with its stdin open
+    held = subprocess.Popen(  # a session with its stdin open
+        [str(binary)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+    )
     try:
-        deadline = time.monotonic() + 10
-        while True:  # until the held session has its lock
-            busy = control(node, env, stdin="get_server_list\n")
-            if busy.returncode == 1 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert busy.returncode == 1 and "Cannot send command to MPS control daemon process" in busy.stderr
-        assert held.stdin is not None
+        assert held.stdin is not None and held.stdout is not None
+        # once it has answered a command, the held session has the daemon (no other session raced it to it)
         held.stdin.write(b"get_default_active_thread_percentage\n")
+        held.stdin.flush()
+        assert held.stdout.read(5) == b"100.0"
+        busy = control(node, env, stdin="get_server_list\n")
+        assert busy.returncode == 1 and "Cannot send command to MPS control daemon process" in busy.stderr
         held.stdin.close()
         assert held.wait(10) == 0
         assert control(node, env, stdin="get_server_list\n").returncode == 0
