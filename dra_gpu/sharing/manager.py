@@ -440,11 +440,11 @@ class HardwareSharingManager:
                 if self._mps.ensure_limits(record):
                     report.limits_restored.append(record["id"])
             except SharingError as err:
-                gpus = sorted({self._parent_gpu(uuid) for uuid in record.get("visibleDevices", [])})
                 log.error("cannot set the limits of a restarted MPS daemon", id=record["id"], error=str(err))
-                report.failed[record["id"]] = (gpus, f"its limits cannot be set again: {err}")
+                why = f"its limits cannot be set again: {err}"
+                report.failed[record["id"]] = (self._gpus_of(record), why)
             return
-        gpus = sorted({self._parent_gpu(uuid) for uuid in record.get("visibleDevices", [])})
+        gpus = self._gpus_of(record)
         if self._mps.pod_exists(record):
             # Its pod is there but the daemon does not answer: the kubelet restarts the container in place
             # (restartPolicy Always). Starting another would only wait under the lock; report it when it
@@ -462,6 +462,10 @@ class HardwareSharingManager:
             report.failed[record["id"]] = (gpus, str(err))
             return
         report.restarted.append(record["id"])
+
+    def _gpus_of(self, record: Mapping[str, Any]) -> list[str]:
+        """The physical GPUs a daemon serves (the parents of its MIG devices): where a failure is tainted."""
+        return sorted({self._parent_gpu(uuid) for uuid in record.get("visibleDevices", [])})
 
     def _parent_gpu(self, uuid: str) -> str:
         """The physical GPU of a daemon's device (a MIG device's parent), from the cached facts."""

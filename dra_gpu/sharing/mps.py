@@ -162,7 +162,9 @@ class MpsDaemons:
         self._stop_timeout_s = stop_timeout_s
         self._mount_shm = mount_shm
         self._faults: Callable[[str], None] = faults or (lambda _step: None)
-        self._seen_restarts: dict[str, int] = {}  # daemon id -> its pod's restartCount when last checked
+        # daemon id -> its pod's restartCount as `alive` last read it / as its limits were last checked at
+        self._observed_restarts: dict[str, int | None] = {}
+        self._checked_restarts: dict[str, int] = {}
 
     # ---- start ---------------------------------------------------------------------------------------------
 
@@ -284,28 +286,28 @@ class MpsDaemons:
         wanted_thread = record.get("threadPercentage")
         if wanted_thread is not None and held["threadPercentage"] != wanted_thread:
             return False
-        return all(
-            _memory_mib(held["pinnedLimits"].get(uuid, "")) == _memory_mib(value)
-            for uuid, value in record.get("pinnedLimits", {}).items()
-        )  # compared as numbers: "2048M" == "2G"
+        # both in the record's notation (format_mib's `<N>M`; limits_in_force turns the tool's "2G" into it)
+        wanted = record.get("pinnedLimits", {})
+        return all(held["pinnedLimits"].get(uuid) == value for uuid, value in wanted.items())
 
     def ensure_limits(self, record: Mapping[str, Any]) -> bool:
-        """For a daemon in a pod: when its container restarted since this process last looked (or it has not
-        looked yet), check the daemon's limits and set them again where they differ. The kubelet restarts a
-        daemon that exits in place; its environment carries the limits (daemon_limit_env), and this is the
-        check that they are in force. True when limits had to be set again; SharingError when that failed."""
+        """For a daemon in a pod, after `alive` said it runs: when its container restarted since this process
+        last looked (or it has not looked yet), check the daemon's limits and set them again where they
+        differ. The kubelet restarts a daemon that exits in place; its pod's entrypoint sets the limits, and
+        this is the check that they are in force. True when limits had to be set again; SharingError when
+        that failed."""
         latest = self.latest(record)
         if latest.get("launcher") != "pod" or self._pods is None:
             return False
-        restarts = self._pods.restarts(latest)
-        if restarts is None or self._seen_restarts.get(latest["id"]) == restarts:
+        restarts = self._observed_restarts.get(latest["id"])  # read by `alive` just before: no second GET
+        if restarts is None or self._checked_restarts.get(latest["id"]) == restarts:
             return False
         applied = False
         if limit_commands(latest) and not self.holds_limits(latest):
             log.warning("MPS daemon lost its limits; setting them again", id=latest["id"], restarts=restarts)
             self._wait_ready(latest, limit_commands(latest))
             applied = True
-        self._seen_restarts[latest["id"]] = restarts
+        self._checked_restarts[latest["id"]] = restarts
         return applied
 
     def _mount_tmpfs(self, path: Path) -> bool:
@@ -446,8 +448,11 @@ class MpsDaemons:
         """The daemon named by the record's latest identity runs and answers on its pipe."""
         latest = self.latest(record)
         if latest.get("launcher") == "pod":
-            if self._pods is not None and not self._pods.alive(latest):
-                return False
+            if self._pods is not None:
+                seen = self._pods.observe(latest)
+                if seen is None:
+                    return False
+                self._observed_restarts[latest["id"]] = seen.restarts  # for ensure_limits: no second read
         elif latest.get("startTime") is not None and not same_process(latest.get("pid"), latest["startTime"]):
             return False
         return self.answers(latest)

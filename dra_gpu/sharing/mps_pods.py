@@ -25,6 +25,7 @@ import json
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -71,6 +72,11 @@ while [ -n "$DRA_GPU_MPS_LIMITS" ] && ! printf '%s\\n' "$DRA_GPU_MPS_LIMITS" | "
 done
 wait "$daemon"
 """
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    restarts: int | None  # the daemon container's restartCount; None before the pod has a status
 
 
 def pod_limit_env(commands: list[str]) -> dict[str, str]:
@@ -187,23 +193,20 @@ class PodLauncher:
 
     def alive(self, record: Mapping[str, Any]) -> bool:
         """The pod with the recorded UID exists and is not being deleted."""
-        pod = self.get(record.get("podName") or pod_name(record["id"]))
-        return bool(
-            pod is not None
-            and pod["metadata"]["uid"] == record.get("podUid")
-            and not pod["metadata"].get("deletionTimestamp")
-        )
+        return self.observe(record) is not None
 
-    def restarts(self, record: Mapping[str, Any]) -> int | None:
-        """How often the kubelet restarted the daemon container of the pod with the recorded UID (None: no
-        such pod, or no status yet)."""
+    def observe(self, record: Mapping[str, Any]) -> PodObservation | None:
+        """One read of the pod with the recorded UID: None when it is gone or being deleted, else how often
+        the kubelet restarted its daemon container (None while the pod has no status yet)."""
         pod = self.get(record.get("podName") or pod_name(record["id"]))
         if pod is None or pod["metadata"]["uid"] != record.get("podUid"):
             return None
+        if pod["metadata"].get("deletionTimestamp"):
+            return None
         for status in pod.get("status", {}).get("containerStatuses") or []:
             if status.get("name") == CONTAINER_NAME:
-                return int(status.get("restartCount", 0))
-        return None
+                return PodObservation(restarts=int(status.get("restartCount", 0)))
+        return PodObservation(restarts=None)
 
     def stop(self, record: Mapping[str, Any]) -> list[str]:
         """Delete the pod with the recorded UID and wait until it is gone; problems (empty when done)."""

@@ -46,6 +46,7 @@ SOCKET_NAME = "control"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 LOCK_FILE = "control_lock"  # one control session ("UI") at a time, as the real daemon's pipe directory has
 BUSY_MESSAGE = "Cannot send command to MPS control daemon process"
+NOT_RUNNING_MESSAGE = "Cannot find MPS control daemon process"
 LOG_FILE = "control.log"
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
@@ -378,7 +379,7 @@ def run_client(lines: Iterable[str]) -> int:
     try:
         lock = open(pipe_dir / LOCK_FILE, "rb")  # noqa: SIM115 (held for the whole session)
     except OSError:
-        print("Cannot find MPS control daemon process", file=sys.stderr)
+        print(NOT_RUNNING_MESSAGE, file=sys.stderr)
         return 1
     with lock:
         try:
@@ -393,7 +394,7 @@ def run_client(lines: Iterable[str]) -> int:
             try:
                 conn = _connect(pipe_dir)
             except OSError:
-                print("Cannot find MPS control daemon process", file=sys.stderr)
+                print(NOT_RUNNING_MESSAGE, file=sys.stderr)
                 return 1
             with conn:
                 conn.settimeout(10)
