@@ -131,12 +131,17 @@ def test_a_killed_daemon_is_back_within_10s_and_a_reused_pid_is_never_signalled(
             pytest.fail(f"could not place a process at the freed pid {old_pid} (other processes took it)")
 
         def back() -> dict[str, Any] | None:
+            # back = running with a new identity AND holding its limits: the record names the new pid as soon
+            # as the daemon starts, a moment before the restart has set its pinned limit
             now = _records(settings).get(daemon_id)
             if now and now["pid"] not in (None, old_pid) and _start_time(now["pid"]) == now["startTime"]:
-                return now
+                held = driver.sim_state()["mps"].get(record["pipeDir"], {})
+                limits = list((held.get("default_pinned_mem_limits") or {}).values())
+                if held.get("pid") == now["pid"] and limits == ["4096M"]:
+                    return now
             return None
 
-        revived = wait_until(back, timeout_s=30, interval_s=0.1, what="the daemon started again")
+        revived = wait_until(back, timeout_s=30, interval_s=0.1, what="the daemon back, limits set")
         took = time.monotonic() - killed
         print(f"\n[mps] daemon killed by hand back after {took:.1f}s, pid {old_pid} held by another process")
         assert took < RESTART_DEADLINE_S, f"the daemon was back after {took:.1f}s, not within 10 s"
