@@ -9,8 +9,13 @@ after a restart.
 Guarantees:
 - Atomic replacement: temp file in the same directory, fsync, rename, fsync of the directory. A failed write
   (disk full, read-only) raises `CheckpointWriteError` and leaves the previous file as it was.
-- One writer per node: `locked()` takes an in-process lock and an `fcntl` lock on `checkpoint.lock`, so two
-  plugin instances (rolling update) never interleave their read-modify-write cycles.
+- One writer per node: `locked()` takes an in-process lock and an `flock` on `checkpoint.lock`, so two
+  plugin instances (rolling update) never interleave their read-modify-write cycles. Each cycle is short
+  (one claim's entry changes); concurrency between claims comes from `GpuLocks`, not from here.
+- Cheap reads on the prepare path: `read(shared=True)` gives the file as this process last wrote it, kept
+  parsed, while the file is still that one (same inode, size and mtime: every write renames a new inode into
+  place, ours or another instance's). Its entries are shared with the cache and must not be changed in place
+  (replace them); a plain `read()` parses the file into objects of the caller's own.
 - Forward compatibility: fields this version does not know are kept (top level, per claim, per device, per
   group) and written back unchanged.
 - Reboots: the boot id is recorded; a checkpoint from another boot reads as empty, and its claims are offered
@@ -26,7 +31,7 @@ import json
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +264,7 @@ class CheckpointStore:
         self._thread_lock = threading.RLock()
         self._depth = 0
         self._lock_fd: int | None = None
+        self._last: tuple[tuple[int, int, int], Checkpoint] | None = None  # (file identity, what it holds)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -295,13 +301,19 @@ class CheckpointStore:
             ) from None
         return fd
 
-    def read(self) -> Checkpoint:
+    def read(self, *, shared: bool = False) -> Checkpoint:
         try:
-            text = self.path.read_text()
+            with self.path.open("rb") as file:
+                identity = _identity(os.fstat(file.fileno()))
+                if shared and self._last is not None and self._last[0] == identity:
+                    return _copy(self._last[1])
+                text = file.read().decode()
         except FileNotFoundError:
             return Checkpoint(boot_id=self.boot_id)
         except OSError as exc:
             raise CheckpointCorruptError(f"{self.path}: cannot read ({exc.strerror})") from exc
+        except UnicodeDecodeError as exc:
+            raise CheckpointCorruptError(f"{self.path}: not UTF-8 ({exc})") from exc
         try:
             return self._parse(text)
         except CheckpointCorruptError:
@@ -334,4 +346,25 @@ class CheckpointStore:
 
     def write(self, checkpoint: Checkpoint) -> None:
         data = (json.dumps(checkpoint.to_json(), indent=1, sort_keys=True) + "\n").encode()
+        self._last = None
         atomic_write(self.path, data, error=CheckpointWriteError)
+        try:  # under the lock: nobody else can have replaced it since
+            # as a parse of what was written would give it: no claims of an earlier boot
+            written = replace(_copy(checkpoint), previous_boot_claims={})
+            self._last = (_identity(os.stat(self.path)), written)
+        except OSError:
+            pass  # the next read parses the file
+
+
+def _identity(stat: os.stat_result) -> tuple[int, int, int]:
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def _copy(checkpoint: Checkpoint) -> Checkpoint:
+    """A copy callers may change (entries are frozen; only the containers need copying)."""
+    return Checkpoint(
+        boot_id=checkpoint.boot_id,
+        claims=dict(checkpoint.claims),
+        previous_boot_claims=dict(checkpoint.previous_boot_claims),
+        extra=copy.deepcopy(checkpoint.extra),
+    )

@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from dra_gpu.gpu_locks import GpuLocks
 from dra_gpu.inventory.model import DRIVER_NAME, DeviceModel
 from dra_gpu.plugin.health_monitor import add_device_health_args
 
@@ -236,12 +237,13 @@ def _make_sharing_manager(
     hardware: Any,
     plugin_dir: Path,
     faults: Callable[[str], None],
+    locks: GpuLocks,
 ) -> Any:
     from dra_gpu.sharing.manager import HardwareSharingManager
     from dra_gpu.sharing.mps_pods import PodLauncher
 
     if args.mps_daemon_mode != "pod":
-        return HardwareSharingManager(hardware, plugin_dir, faults=faults)
+        return HardwareSharingManager(hardware, plugin_dir, faults=faults, locks=locks)
     pods = PodLauncher(
         api_client,
         namespace=args.namespace,
@@ -252,7 +254,7 @@ def _make_sharing_manager(
     )
     # a pod takes longer to be ready than a process: scheduling is skipped, but the container still starts
     return HardwareSharingManager(
-        hardware, plugin_dir, faults=faults, mps_pods=pods, mps_ready_timeout_s=60.0
+        hardware, plugin_dir, faults=faults, mps_pods=pods, mps_ready_timeout_s=60.0, locks=locks
     )
 
 
@@ -353,7 +355,8 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot start: nvidia-cdi-hook", error=str(exc))
         return 1
     faults = FaultPoints.from_env()
-    sharing = _make_sharing_manager(args, api_client, hardware, paths.plugin_dir, faults.reached)
+    locks = GpuLocks(paths.plugin_dir)  # one set for prepares and the sharing manager's own work
+    sharing = _make_sharing_manager(args, api_client, hardware, paths.plugin_dir, faults.reached, locks)
     service = PrepareService(
         node_name=args.node_name,
         claims=KubeClaimReader(api_client),
@@ -368,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
         container_driver_root=container_driver_root,
         metrics=metrics,
         faults=faults,
+        locks=locks,
     )
     try:
         service.start()

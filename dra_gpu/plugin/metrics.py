@@ -42,6 +42,10 @@ class PluginMetrics:
             "apiserver_wait_seconds", "time spent waiting on the API server for a claim",
             namespace=ns, registry=self.registry, buckets=_LATENCY_BUCKETS,
         )
+        self.lock_wait = Histogram(
+            "gpu_lock_wait_seconds", "time a prepare or unprepare waited for the locks of its GPUs",
+            namespace=ns, registry=self.registry, buckets=_LATENCY_BUCKETS,
+        )
         self.prepared_devices = Gauge(
             "prepared_devices", "devices held by prepared claims on this node", namespace=ns,
             registry=self.registry,

@@ -5,17 +5,24 @@ Prepare of one claim (kubelet semantics, k8s-dra-api §7; NVIDIA's flow, nvidia-
 2. GET the claim; fail it when missing, replaced (UID differs) or not allocated. Keep only our driver's
    results.
 3. Map device names to the node's device model, decode and resolve the opaque configs into groups.
-4. Under the node-wide checkpoint lock: roll back a claim left `PrepareStarted`; refuse devices that another
-   claim holds (unless admin access); write `PrepareStarted`.
+4. Under the locks of the claim's GPUs (`GpuLocks`: prepares of other GPUs go on meanwhile): roll back a
+   claim left `PrepareStarted`; refuse devices that another claim holds (unless admin access) and write
+   `PrepareStarted`, both in one checkpoint update.
 5. Per group `SharingManager.prepare_group`, checkpointing each group's undo state as soon as it exists.
 6. Write the CDI spec, then `PrepareCompleted` with the answer.
 Any failure after step 4 rolls back what was done (groups in reverse, CDI file, checkpoint entry). Errors are
 returned per claim, never for the whole batch, and name the claim and the cause.
+
+The checkpoint file is shared by all claims: every change of one claim's entry is a short read-modify-write
+under the checkpoint's own lock (`_commit`), so concurrent prepares of different GPUs never write back each
+other's stale entries. Node-wide work (start-up cleanup, the owned-MIG read of a re-discovery) takes
+`GpuLocks.node()` and so never sees a prepare half done.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -51,6 +58,7 @@ from dra_gpu.config.resolution import (
     ordered_config_entries,
     resolve_configs,
 )
+from dra_gpu.gpu_locks import GpuLocks, GpuLockTimeoutError
 from dra_gpu.hardware.types import MigInstance
 from dra_gpu.inventory.model import DRIVER_NAME, Device, DeviceKind, DeviceModel
 from dra_gpu.plugin.claim_reader import ClaimJson, ClaimReader, ClaimReadError
@@ -199,6 +207,7 @@ class PrepareService:
         pool_name: str | None = None,
         metrics: PluginMetrics | None = None,
         faults: FaultPoints | None = None,
+        locks: GpuLocks | None = None,
     ) -> None:
         self.node_name = node_name
         self.pool_name = pool_name or node_name
@@ -214,6 +223,8 @@ class PrepareService:
         self.container_driver_root = container_driver_root or driver_root
         self.metrics = metrics or PluginMetrics()
         self.faults = faults or FaultPoints()
+        # Shared with the sharing manager in the plugin; the files exclude a second plugin instance.
+        self.locks = locks or GpuLocks(checkpoints.directory)
         self._started = threading.Event()
 
     # ----------------------------------------------------------------------------------------------- prepare
@@ -244,7 +255,8 @@ class PrepareService:
 
     @contextlib.contextmanager
     def _locked(self, ref: ClaimRef) -> Iterator[None]:
-        """The node-wide checkpoint lock; failing to get it is this claim's error, not the batch's."""
+        """The checkpoint file's lock (short: one read-modify-write); failing to get it is this claim's
+        error, not the batch's."""
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(self.checkpoints.locked())
@@ -252,13 +264,50 @@ class PrepareService:
                 raise ClaimError("lock_acquire", f"claim {ref}: {exc}") from exc
             yield
 
-    def _completed_answer(self, ref: ClaimRef) -> PrepareOutcome | None:
+    @contextlib.contextmanager
+    def _gpus_locked(self, ref: ClaimRef, keys: Iterable[str]) -> Iterator[None]:
+        """The locks of the GPUs a claim touches, for the whole prepare or unprepare of it."""
+        with contextlib.ExitStack() as stack:
+            started = time.perf_counter()
+            try:
+                stack.enter_context(self.locks.gpus(keys))
+            except GpuLockTimeoutError as exc:
+                raise ClaimError("lock_acquire", f"claim {ref}: {exc}") from exc
+            finally:
+                self.metrics.lock_wait.observe(time.perf_counter() - started)
+            yield
+
+    def _gpu_keys(self, names: Iterable[str]) -> set[str]:
+        """The lock keys of these devices: their physical GPUs (a device the node no longer has: its name)."""
+        by_name = self.device_model().by_name()
+        return {by_name[n].parent_uuid if n in by_name else n for n in names}
+
+    def _entry(self, ref: ClaimRef) -> ClaimEntry | None:
+        """This claim's entry, a copy of its own (the sharing manager may change group states in place)."""
         with self._locked(ref):
-            entry = self._read(ref).claims.get(ref.uid)
-            if entry is None or entry.phase is not ClaimPhase.PREPARE_COMPLETED:
+            return copy.deepcopy(self._read(ref, shared=True).claims.get(ref.uid))
+
+    def _commit(self, ref: ClaimRef, entry: ClaimEntry | None) -> None:
+        """Record (or with None, drop) this claim's entry, leaving every other claim's as the file has it."""
+        with self._locked(ref):
+            checkpoint = self._read(ref, shared=True)
+            if entry is None:
+                checkpoint.claims.pop(ref.uid, None)
+            else:
+                checkpoint.claims[ref.uid] = entry
+            self._write(ref, checkpoint)
+
+    def _completed_answer(self, ref: ClaimRef, entry: ClaimEntry) -> PrepareOutcome | None:
+        """The stored answer of a completed claim, its CDI spec written again if it is gone; None when the
+        claim was unprepared meanwhile."""
+        if self.cdi.has_spec(ref.uid):
+            return _answer_from_entry(entry)
+        with self._gpus_locked(ref, self._gpu_keys(d.device for d in entry.devices)):
+            current = self._entry(ref)
+            if current is None or current.phase is not ClaimPhase.PREPARE_COMPLETED:
                 return None
-            self._repair_cdi_spec(ref, entry)
-        return _answer_from_entry(entry)
+            self._repair_cdi_spec(ref, current)
+        return _answer_from_entry(current)
 
     def _repair_cdi_spec(self, ref: ClaimRef, entry: ClaimEntry) -> None:
         """A completed claim whose CDI spec is gone (deleted by hand, a CDI root on a tmpfs that was cleared):
@@ -293,9 +342,9 @@ class PrepareService:
         log.warning("CDI spec of a prepared claim is missing; rewriting it", claim=str(ref))
         self._write_spec(ref, [by_name[d.device] for d in entry.devices], edits, mig_ids)
 
-    def _read(self, ref: ClaimRef) -> Checkpoint:
+    def _read(self, ref: ClaimRef, *, shared: bool = False) -> Checkpoint:
         try:
-            return self.checkpoints.read()
+            return self.checkpoints.read(shared=shared)
         except CheckpointError as exc:
             raise ClaimError("checkpoint", f"claim {ref}: {exc}") from exc
 
@@ -311,21 +360,25 @@ class PrepareService:
         self.metrics.prepared_devices.set(sum(len(e.devices) for e in checkpoint.claims.values()))
 
     def _prepare_claim(self, ref: ClaimRef) -> PrepareOutcome:
-        done = self._completed_answer(ref)
-        if done is not None:
-            return done
+        left = self._entry(ref)
+        if left is not None and left.phase is ClaimPhase.PREPARE_COMPLETED:
+            done = self._completed_answer(ref, left)
+            if done is not None:
+                return done
+            left = self._entry(ref)
         claim = self._fetch(ref)
         allocations, raw_configs = self._our_allocations(ref, claim)
         groups = self._resolve(ref, allocations, raw_configs)
-        with self._locked(ref):
-            checkpoint = self._read(ref)
-            entry = checkpoint.claims.get(ref.uid)
+        keys = {a.device.parent_uuid for a in allocations}
+        if left is not None:  # the same UID has the same allocation, but a leftover's devices count too
+            keys |= self._gpu_keys(d.device for d in left.devices)
+        with self._gpus_locked(ref, keys):
+            entry = self._entry(ref)
             if entry is not None and entry.phase is ClaimPhase.PREPARE_COMPLETED:
                 return _answer_from_entry(entry)  # a concurrent call finished it meanwhile
             if entry is not None:
                 log.info("rolling back interrupted prepare", claim=str(ref))
-                self._roll_back(ref, checkpoint, entry)
-            self._refuse_double_use(ref, checkpoint, allocations)
+                self._roll_back(ref, entry)
             entry = ClaimEntry(
                 uid=ref.uid,
                 namespace=ref.namespace,
@@ -342,13 +395,17 @@ class PrepareService:
                     for a in allocations
                 ),
             )
-            checkpoint.claims[ref.uid] = entry
-            self._write(ref, checkpoint)
+            with self._locked(ref):  # the check and the reservation in one update of the file
+                checkpoint = self._read(ref, shared=True)
+                self._refuse_double_use(ref, checkpoint, allocations)
+                checkpoint.claims[ref.uid] = entry
+                self._write(ref, checkpoint)
             self.faults.reached("prepare-started")
+            progress = _Progress(entry)
             try:
-                return self._apply(ref, checkpoint, entry, allocations, groups)
+                return self._apply(ref, progress, allocations, groups)
             except Exception as failure:  # whatever went wrong, undo what was done before answering
-                self._roll_back_after_failure(ref, checkpoint, failure)
+                self._roll_back_after_failure(ref, progress.entry, failure)
                 raise
 
     def _fetch(self, ref: ClaimRef) -> ClaimJson:
@@ -454,8 +511,7 @@ class PrepareService:
     def _apply(
         self,
         ref: ClaimRef,
-        checkpoint: Checkpoint,
-        entry: ClaimEntry,
+        progress: _Progress,
         allocations: Sequence[_Allocation],
         groups: Sequence[tuple[object | None, list[int]]],
     ) -> PrepareOutcome:
@@ -477,8 +533,9 @@ class PrepareService:
             created_mig.update(result.mig_instances)
             for i in indices:
                 group_edits[i] = result.edits
-            entry = _with_group(
-                entry,
+            # In `progress` before it is written: a failed write still undoes this group.
+            progress.entry = _with_group(
+                progress.entry,
                 PreparedGroup(
                     devices=tuple(a.device.name for a in members),
                     state=dict(result.state),
@@ -486,8 +543,7 @@ class PrepareService:
                     cdi_edits=edits_to_json(result.edits),
                 ),
             )
-            checkpoint.claims[ref.uid] = entry
-            self._write(ref, checkpoint)
+            self._commit(ref, progress.entry)
             self.faults.reached(f"prepare-group-{group_index}")
 
         edits_by_name: dict[str, CdiEdits] = {}
@@ -497,6 +553,7 @@ class PrepareService:
         self._write_spec(ref, [a.device for a in allocations], edits_by_name, mig_ids)
         self.faults.reached("prepare-cdi-written")
 
+        entry = progress.entry
         completed = replace(
             entry,
             phase=ClaimPhase.PREPARE_COMPLETED,
@@ -504,8 +561,7 @@ class PrepareService:
                 replace(d, cdi_device_ids=(cdi_device_id(ref.uid, d.device),)) for d in entry.devices
             ),
         )
-        checkpoint.claims[ref.uid] = completed
-        self._write(ref, checkpoint)
+        self._commit(ref, completed)
         self.faults.reached("prepare-completed")
         return _answer_from_entry(completed)
 
@@ -578,19 +634,17 @@ class PrepareService:
 
     # ------------------------------------------------------------------------------------------- rollback
 
-    def _roll_back_after_failure(self, ref: ClaimRef, checkpoint: Checkpoint, failure: Exception) -> None:
-        entry = checkpoint.claims.get(ref.uid)
-        if entry is None:
-            return
+    def _roll_back_after_failure(self, ref: ClaimRef, entry: ClaimEntry, failure: Exception) -> None:
         try:
-            self._roll_back(ref, checkpoint, entry)
+            self._roll_back(ref, entry)
         except ClaimError as exc:
             # The entry stays PrepareStarted with what is left to undo; a retry or the stale-claim pass
             # finishes the job.
             log.error("rollback incomplete", claim=str(ref), error=str(exc), cause=str(failure))
 
-    def _roll_back(self, ref: ClaimRef, checkpoint: Checkpoint, entry: ClaimEntry) -> None:
-        """Undo a claim's groups (newest first), remove its CDI file, drop its entry. Raises ClaimError."""
+    def _roll_back(self, ref: ClaimRef, entry: ClaimEntry) -> None:
+        """Undo a claim's groups (newest first), remove its CDI file, drop its entry. The caller holds the
+        claim's GPU locks. Raises ClaimError."""
         remaining = list(entry.groups)
         try:
             while remaining:
@@ -601,20 +655,18 @@ class PrepareService:
         except Exception as exc:
             # Back to PrepareStarted: the claim is half undone, so a later Prepare must not answer from the
             # checkpoint but finish the rollback and prepare again.
-            checkpoint.claims[ref.uid] = _replace_groups(entry, remaining, ClaimPhase.PREPARE_STARTED)
-            self._write_quietly(ref, checkpoint)
+            self._commit_quietly(ref, _replace_groups(entry, remaining, ClaimPhase.PREPARE_STARTED))
             raise ClaimError("sharing", f"claim {ref}: undoing sharing setup failed: {exc}") from exc
         try:
             self.cdi.remove(ref.uid)
         except OSError as exc:
             log.warning("removing CDI spec failed", claim=str(ref), error=str(exc))
         self.faults.reached("unprepare-cdi-removed")
-        del checkpoint.claims[ref.uid]
-        self._write(ref, checkpoint)
+        self._commit(ref, None)
 
-    def _write_quietly(self, ref: ClaimRef, checkpoint: Checkpoint) -> None:
+    def _commit_quietly(self, ref: ClaimRef, entry: ClaimEntry) -> None:
         try:
-            self._write(ref, checkpoint)
+            self._commit(ref, entry)
         except ClaimError as exc:
             log.error("checkpoint update failed during rollback", claim=str(ref), error=str(exc))
 
@@ -646,20 +698,22 @@ class PrepareService:
         return errors
 
     def _unprepare_claim(self, ref: ClaimRef) -> None:
-        with self._locked(ref):
-            checkpoint = self._read(ref)
-            entry = checkpoint.claims.get(ref.uid)
+        entry = self._entry(ref)
+        if entry is None:
+            self.cdi.remove(ref.uid)  # a leftover from an interrupted earlier attempt, if any
+            return
+        with self._gpus_locked(ref, self._gpu_keys(d.device for d in entry.devices)):
+            entry = self._entry(ref)  # a concurrent call for the same claim may have finished meanwhile
             if entry is None:
-                self.cdi.remove(ref.uid)  # a leftover from an interrupted earlier attempt, if any
                 return
-            self._roll_back(ref, checkpoint, entry)
+            self._roll_back(ref, entry)
 
     # ------------------------------------------------------------------------------------ start-up and GC
 
     def start(self) -> None:
         """Clean up after a crash or reboot: unowned MIG instances, MPS daemons (unowned ones stopped, needed
         ones restarted), CDI files of claims no longer prepared."""
-        with self.checkpoints.locked():
+        with self.locks.node(), self.checkpoints.locked():
             checkpoint = self.checkpoints.read()
             if checkpoint.previous_boot_claims:
                 log.info(
@@ -726,17 +780,16 @@ class PrepareService:
                 continue
             if claim is not None and claim.get("metadata", {}).get("uid") == entry.uid:
                 continue
-            with self.checkpoints.locked():
-                checkpoint = self.checkpoints.read()
-                current = checkpoint.claims.get(entry.uid)
-                if current is None or current.phase is not ClaimPhase.PREPARE_STARTED:
-                    continue
-                try:
-                    self._roll_back(ref, checkpoint, current)
-                    cleaned.append(entry.uid)
-                    log.info("unprepared stale claim", claim=str(ref))
-                except ClaimError as exc:
-                    log.warning("stale claim cleanup failed", claim=str(ref), error=str(exc))
+            try:
+                with self._gpus_locked(ref, self._gpu_keys(d.device for d in entry.devices)):
+                    current = self._entry(ref)
+                    if current is None or current.phase is not ClaimPhase.PREPARE_STARTED:
+                        continue
+                    self._roll_back(ref, current)
+                cleaned.append(entry.uid)
+                log.info("unprepared stale claim", claim=str(ref))
+            except ClaimError as exc:
+                log.warning("stale claim cleanup failed", claim=str(ref), error=str(exc))
         return cleaned
 
     def prepared_group_states(self) -> list[Mapping[str, Any]]:
@@ -746,14 +799,22 @@ class PrepareService:
             return [g.state for e in self.checkpoints.read().claims.values() for g in e.groups]
 
     def owned_mig_placements(self) -> frozenset[tuple[str, int]]:
-        """(parent uuid, GPU-instance id) of the MIG instances our checkpointed claims own, read under the
-        checkpoint lock (so never in the middle of a prepare or unprepare). Raises CheckpointError."""
-        with self.checkpoints.locked():
+        """(parent uuid, GPU-instance id) of the MIG instances our checkpointed claims own, read in a
+        node-wide section (so never in the middle of a prepare or unprepare). Raises CheckpointError or
+        GpuLockTimeoutError."""
+        with self.locks.node(), self.checkpoints.locked():
             return owned_mig_placements(self.checkpoints.read().claims.values())
 
     @property
     def started(self) -> bool:
         return self._started.is_set()
+
+
+@dataclass
+class _Progress:
+    """How far a prepare got: the claim's entry with every group prepared so far, written or not."""
+
+    entry: ClaimEntry
 
 
 def _with_group(entry: ClaimEntry, group: PreparedGroup) -> ClaimEntry:

@@ -33,6 +33,7 @@ from typing import Any
 import structlog
 
 from dra_gpu.config.api import ConfigError
+from dra_gpu.gpu_locks import GpuLocks
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
 from dra_gpu.hardware.types import ComputeMode, DiscoveryResult, GpuInfo, MigInstance
 from dra_gpu.inventory.model import DeviceKind
@@ -102,6 +103,7 @@ class HardwareSharingManager:
         boot_id: str | None = None,
         faults: Callable[[str], None] | None = None,
         mps_pods: PodLauncher | None = None,
+        locks: GpuLocks | None = None,
     ) -> None:
         self._hardware = hardware
         self._plugin_dir = Path(plugin_dir)
@@ -116,7 +118,10 @@ class HardwareSharingManager:
             pods=mps_pods,
         )
         self._mig = MigLifecycle(hardware, self._registry)
-        self._lock = threading.RLock()  # GPU-global settings: one claim's sharing change at a time
+        # One claim's sharing change per GPU at a time (the plugin passes the prepare service's locks, which
+        # a prepare already holds); GPUs of other claims go on meanwhile.
+        self._locks = locks or GpuLocks()
+        self._facts_lock = threading.RLock()  # the cached GPU facts below
         self._kubelet_restarting: dict[str, float] = {}  # daemon id -> since when its pod does not answer
         self._gpus: dict[str, GpuInfo] | None = None
         # When our own MIG actions last changed the hardware (time.monotonic()): a discovery that started
@@ -130,22 +135,24 @@ class HardwareSharingManager:
     # ---- GPU facts -----------------------------------------------------------------------------------------
 
     def _gpu_facts(self, *, refresh: bool = False) -> dict[str, GpuInfo]:
-        if self._gpus is None or refresh:
-            result = self._hardware.discover()
-            self._gpus = {g.uuid: g for g in result.gpus}
-        return self._gpus
+        with self._facts_lock:
+            if self._gpus is None or refresh:
+                result = self._hardware.discover()
+                self._gpus = {g.uuid: g for g in result.gpus}
+            return self._gpus
 
     def _mig_changed(self) -> None:
         """Our own MIG action changed the hardware: the cached facts are stale (the next prepare re-reads)."""
-        self._gpus = None
-        self._mig_changed_at = time.monotonic()
+        with self._facts_lock:
+            self._gpus = None
+            self._mig_changed_at = time.monotonic()
 
     def refresh(self, discovery: DiscoveryResult, started_at: float | None = None) -> None:
         """Take the GPU facts of a re-discovery (the plugin calls this after each one), so that prepares that
         do not re-read the hardware (everything but on-demand MIG) do not act on stale facts: a compute mode,
         MIG mode or MIG device changed out of band, a GPU gone. `started_at` (time.monotonic() when the
         discovery began) lets a discovery that raced with one of our own MIG changes be ignored."""
-        with self._lock:
+        with self._facts_lock:
             if started_at is not None and started_at < self._mig_changed_at:
                 return
             self._gpus = {g.uuid: g for g in discovery.gpus}
@@ -155,7 +162,7 @@ class HardwareSharingManager:
     def prepare_group(
         self, claim_uid: str, config: object | None, devices: Sequence[AllocatedDevice]
     ) -> GroupResult:
-        with self._lock:
+        with self._locks.gpus(d.device.parent_uuid for d in devices):
             dynamic = any(d.device.kind is DeviceKind.MIG_DYNAMIC for d in devices)
             try:
                 gpus = self._gpu_facts(refresh=dynamic)
@@ -289,13 +296,23 @@ class HardwareSharingManager:
     # ---- unprepare -----------------------------------------------------------------------------------------
 
     def unprepare_group(self, claim_uid: str, state: Mapping[str, Any]) -> None:
-        with self._lock:
+        with self._locks.gpus(self._gpus_of_state(state)):
             problems = self._undo(claim_uid, state)
             if state.get("migCreated"):
                 self._mig_changed()
         if problems:
             raise SharingError("; ".join(problems))
         log.info("group unprepared", claim_uid=claim_uid, devices=state.get("devices"))
+
+    def _gpus_of_state(self, state: Mapping[str, Any]) -> set[str]:
+        """The physical GPUs a prepared group's undo touches."""
+        gpus = {str(d["parentUuid"]) for d in state.get("migCreated") or ()}
+        gpus |= set((state.get("timeSlice") or {}).get("gpus") or ())
+        if state.get("mpsDaemon"):
+            gpus |= set(self._gpus_of(state["mpsDaemon"]))
+        if state.get("sharedMps"):
+            gpus.add(str(state["sharedMps"]["gpu"]))
+        return gpus
 
     def _undo(self, claim_uid: str, state: Mapping[str, Any]) -> list[str]:
         """Undo in reverse order of prepare; every step runs even if an earlier one fails."""
@@ -351,7 +368,7 @@ class HardwareSharingManager:
     # ---- start-up ------------------------------------------------------------------------------------------
 
     def destroy_unowned_mig(self, owned: set[tuple[str, int, int]]) -> list[str]:
-        with self._lock:
+        with self._locks.node():
             try:
                 gpus = self._gpu_facts(refresh=True)
             except HardwareError as err:
@@ -365,7 +382,7 @@ class HardwareSharingManager:
     ) -> list[str]:
         """At start-up: reset time-slice intervals held for claims (uid -> group states) that no checkpointed
         group state holds. Returns the GPUs reset to Default."""
-        with self._lock:
+        with self._locks.node():
             owned = {uid for uid, states in owned_states.items() if any(s.get("timeSlice") for s in states)}
             return self._time_slicing.release_unowned(owned)
 
@@ -375,7 +392,7 @@ class HardwareSharingManager:
         A crash between starting a daemon and checkpointing the group leaves one behind; its own `record.json`
         (written while it starts) says how to stop it and which compute modes to restore. Returns their ids.
         """
-        with self._lock:
+        with self._locks.node():
             owned = {s["mpsDaemon"]["id"] for s in owned_states if s.get("mpsDaemon")}
             owned |= {e["daemon"]["id"] for e in self._registry.read()["sharedMps"].values()}
             stopped: list[str] = []
@@ -406,10 +423,14 @@ class HardwareSharingManager:
         directory, limits and compute modes. Compute modes left to restore on a GPU that was gone are put back
         once it answers again."""
         report = MpsReconcileReport()
-        with self._lock:
-            for state in owned_states:
-                if state.get("mpsDaemon"):
+        for state in owned_states:
+            if state.get("mpsDaemon"):
+                # Only this daemon's GPUs wait: a restart that takes its ready timeout holds back no other.
+                with self._locks.gpus(self._gpus_of(state["mpsDaemon"])):
                     self._reconcile_one(self._mps.latest(state["mpsDaemon"]), report)
+        if not self._node_work_pending():
+            return report
+        with self._locks.node():  # rare (a GPU came back, legacy shared daemons): the whole node at once
             with self._registry.update() as data:
                 for entry in data["sharedMps"].values():
                     if entry["clients"]:
@@ -429,6 +450,16 @@ class HardwareSharingManager:
             if report.destroyed_mig:
                 self._mig_changed()
         return report
+
+    def _node_work_pending(self) -> bool:
+        """Whether the registry holds anything for the node-wide part of a reconcile pass."""
+        data = self._registry.read()
+        return bool(
+            any(e["clients"] for e in data["sharedMps"].values())
+            or data.get("pendingComputeModes")
+            or data.get("pendingTimeSliceResets")
+            or data.get("pendingMigDestroy")
+        )
 
     def _reconcile_one(self, record: dict[str, Any], report: MpsReconcileReport) -> None:
         if not Path(record["dir"]).is_dir():

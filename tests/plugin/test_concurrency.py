@@ -88,3 +88,47 @@ def test_200_concurrent_calls(
     assert node.cdi_files() == []
     assert node.mig_instances() == []
     kubelet.close()
+
+
+def _prepare_together(kubelet: KubeletClient, claims: list[ClaimId]) -> None:
+    with ThreadPoolExecutor(max_workers=len(claims)) as pool:
+        responses = list(pool.map(lambda c: kubelet.prepare([c]), claims))
+    for claim, response in zip(claims, responses, strict=True):
+        assert response.claims[claim.uid].error == "", response.claims[claim.uid].error
+
+
+def test_prepares_of_eight_gpus_are_inside_their_prepare_at_the_same_time(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """Each prepare waits at `prepare-started` (its GPU locked, its reservation written) until all 8 are
+    there: with a node-wide lock only one could ever be, and the meeting would be given up."""
+    plugin = start_plugin(
+        env={"DRA_GPU_FAULT_MEET_AT": "prepare-started:8", "DRA_GPU_FAULT_MEET_TIMEOUT_S": "30"}
+    )
+    kubelet = KubeletClient(node.registration_socket)
+    # whole GPUs, MIG devices made on demand and time-sliced GPUs: every kind of change, one GPU each
+    batch = [make(claims, f"gpu-{g}") for g in (0, 1, 2)]
+    batch += [make(claims, f"gpu-{g}-mig-1g10gb-19-0") for g in (3, 4, 5)]
+    batch += [make(claims, f"gpu-{g}", [opaque(time_slicing("Short"))]) for g in (6, 7)]
+    _prepare_together(kubelet, batch)
+    log = plugin.log_tail(400)
+    assert "8 calls met at step prepare-started" in log, log
+    assert "gave up waiting" not in log
+    assert sorted(node.checkpoint()["claims"]) == sorted(c.uid for c in batch)
+    assert len(node.mig_instances()) == 3
+
+
+def test_prepares_on_one_gpu_take_turns(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """Two MIG devices of one GPU: the second prepare cannot reach `prepare-started` while the first holds the
+    GPU, so the meeting of two is given up, and both prepares still succeed, one after the other."""
+    plugin = start_plugin(
+        env={"DRA_GPU_FAULT_MEET_AT": "prepare-started:2", "DRA_GPU_FAULT_MEET_TIMEOUT_S": "2"}
+    )
+    kubelet = KubeletClient(node.registration_socket)
+    _prepare_together(kubelet, [make(claims, "gpu-0-mig-1g10gb-19-0"), make(claims, "gpu-0-mig-1g10gb-19-1")])
+    log = plugin.log_tail(400)
+    assert "gave up waiting at step prepare-started for 2 calls" in log, log
+    assert "calls met" not in log
+    assert len(node.mig_instances()) == 2

@@ -1,0 +1,193 @@
+"""Who may act on which GPU right now: one lock per physical GPU, and a node-wide section above them.
+
+Prepares and unprepares of different GPUs never need to wait for each other. A claim takes the locks of the
+GPUs its devices live on (everything a prepare changes hangs off one physical GPU: the GPU itself, its MIG
+placements, its MPS daemon, its time-slice interval), in sorted order so that two claims never wait for each
+other in a circle. Node-wide work (start-up cleanup, reading which MIG instances our claims own while the
+hardware is discovered) takes `node()`, which waits until every GPU section has ended and holds new ones back
+meanwhile, so it is never starved.
+
+Both levels are re-entrant within a thread: the prepare service holds a claim's GPUs and the sharing manager
+takes the same ones again; a thread inside `node()` may enter any GPU section. The reverse (asking for the
+node while holding a GPU) would wait for itself and is refused.
+
+Across processes (a second plugin instance during a rolling update) the same structure is kept with `flock`
+files in `directory`: `node.lock`, shared by GPU sections and exclusive for `node()`, and one
+`gpu-<uuid>.lock` per GPU. Only a thread's outermost section touches the files (a second descriptor of the
+same file would conflict with the first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from dra_gpu.file_lock import FileLockTimeoutError, lock_fd, open_lock_file, unlock_and_close
+
+NODE_LOCK_FILE = "node.lock"
+DEFAULT_TIMEOUT_S = 40.0  # the kubelet gives each call 45 s
+DEFAULT_FILE_TIMEOUT_S = 10.0  # another plugin instance (NVIDIA's pu.lock waits as long)
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class GpuLockTimeoutError(TimeoutError):
+    """A lock was not free in time; the message says which and behind whom."""
+
+
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.node_depth = 0
+        self.shared_depth = 0
+        self.gpus: Counter[str] = Counter()
+
+
+class GpuLocks:
+    def __init__(
+        self,
+        directory: Path | str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        file_timeout_s: float = DEFAULT_FILE_TIMEOUT_S,
+    ) -> None:
+        self._directory = Path(directory) if directory is not None else None
+        self._timeout_s = timeout_s
+        self._file_timeout_s = file_timeout_s
+        self._cond = threading.Condition()
+        self._node_owner: int | None = None
+        self._node_waiting = 0
+        self._sharers = 0  # threads inside at least one GPU section
+        self._gpu_locks: dict[str, threading.RLock] = {}
+        self._mine = _ThreadState()
+
+    # ---- GPU sections ------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def gpus(self, keys: Iterable[str]) -> Iterator[None]:
+        """Hold the locks of these GPUs (UUIDs; any stable name for a device without one) for the block.
+        Raises GpuLockTimeoutError."""
+        deadline = time.monotonic() + self._timeout_s
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self._shared(deadline))
+            for key in sorted(set(keys)):
+                stack.enter_context(self._gpu(key, deadline))
+            yield
+
+    @contextlib.contextmanager
+    def _shared(self, deadline: float) -> Iterator[None]:
+        mine = self._mine
+        outermost = mine.shared_depth == 0 and mine.node_depth == 0
+        if outermost:
+            with self._cond:
+                free = self._cond.wait_for(
+                    lambda: self._node_owner is None and self._node_waiting == 0, _left(deadline)
+                )
+                if not free:
+                    raise GpuLockTimeoutError(f"waited {self._timeout_s}s for node-wide work of this plugin")
+                self._sharers += 1
+        mine.shared_depth += 1
+        fd: int | None = None
+        try:
+            if outermost:
+                fd = self._file_lock(NODE_LOCK_FILE, exclusive=False)
+            yield
+        finally:
+            if fd is not None:
+                unlock_and_close(fd)
+            mine.shared_depth -= 1
+            if outermost:
+                with self._cond:
+                    self._sharers -= 1
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def _gpu(self, key: str, deadline: float) -> Iterator[None]:
+        with self._cond:
+            lock = self._gpu_locks.setdefault(key, threading.RLock())
+        if not lock.acquire(timeout=_left(deadline)):
+            raise GpuLockTimeoutError(f"GPU {key}: waited {self._timeout_s}s behind another claim of it")
+        mine = self._mine
+        outermost = mine.gpus[key] == 0 and mine.node_depth == 0
+        mine.gpus[key] += 1
+        fd: int | None = None
+        try:
+            if outermost:
+                fd = self._file_lock(f"gpu-{_UNSAFE.sub('_', key)}.lock", exclusive=True)
+            yield
+        finally:
+            if fd is not None:
+                unlock_and_close(fd)
+            mine.gpus[key] -= 1
+            if not mine.gpus[key]:
+                del mine.gpus[key]
+            lock.release()
+
+    # ---- node-wide section -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def node(self) -> Iterator[None]:
+        """Hold the whole node: no GPU section of this process (or, with a directory, of another plugin
+        instance) runs meanwhile. Raises GpuLockTimeoutError."""
+        mine = self._mine
+        if mine.node_depth:
+            mine.node_depth += 1
+            try:
+                yield
+            finally:
+                mine.node_depth -= 1
+            return
+        if mine.shared_depth:
+            raise RuntimeError("node-wide section asked for inside a GPU section: it would wait for itself")
+        deadline = time.monotonic() + self._timeout_s
+        with self._cond:
+            self._node_waiting += 1
+            try:
+                free = self._cond.wait_for(
+                    lambda: self._node_owner is None and self._sharers == 0, _left(deadline)
+                )
+            finally:
+                self._node_waiting -= 1
+            if not free:
+                self._cond.notify_all()  # GPU sections held back by this wait may go on
+                raise GpuLockTimeoutError(f"waited {self._timeout_s}s for claims being prepared on this node")
+            self._node_owner = threading.get_ident()
+        mine.node_depth = 1
+        fd: int | None = None
+        try:
+            fd = self._file_lock(NODE_LOCK_FILE, exclusive=True)
+            yield
+        finally:
+            if fd is not None:
+                unlock_and_close(fd)
+            mine.node_depth = 0
+            with self._cond:
+                self._node_owner = None
+                self._cond.notify_all()
+
+    # ---- files -------------------------------------------------------------------------------------------
+
+    def _file_lock(self, name: str, *, exclusive: bool) -> int | None:
+        if self._directory is None:
+            return None
+        path = self._directory / name
+        try:
+            fd = open_lock_file(path, dir_mode=0o750, allow_read_only=True)
+        except OSError as exc:
+            raise GpuLockTimeoutError(f"{path}: cannot open ({exc.strerror})") from exc
+        try:
+            lock_fd(fd, exclusive=exclusive, timeout_s=self._file_timeout_s)
+        except FileLockTimeoutError:
+            os.close(fd)
+            raise GpuLockTimeoutError(
+                f"{path}: held by another plugin instance for more than {self._file_timeout_s}s"
+            ) from None
+        return fd
+
+
+def _left(deadline: float) -> float:
+    return max(0.0, deadline - time.monotonic())

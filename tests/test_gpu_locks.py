@@ -1,0 +1,136 @@
+"""GPU locks: different GPUs at once, one GPU one at a time, the node-wide section above both, re-entrancy,
+and the same exclusion against a second plugin process through the lock files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from dra_gpu.gpu_locks import GpuLocks, GpuLockTimeoutError
+
+
+def _in_thread(action: object) -> threading.Thread:
+    thread = threading.Thread(target=action)  # type: ignore[arg-type]
+    thread.start()
+    return thread
+
+
+def test_sections_of_different_gpus_run_at_the_same_time(tmp_path: Path) -> None:
+    locks = GpuLocks(tmp_path)
+    inside = threading.Barrier(3, timeout=5)  # breaks unless all three are inside together
+
+    def hold(gpu: str) -> None:
+        with locks.gpus([gpu]):
+            inside.wait()
+
+    threads = [_in_thread(lambda g=g: hold(g)) for g in ("GPU-a", "GPU-b")]
+    inside.wait()
+    for thread in threads:
+        thread.join()
+    assert not inside.broken
+
+
+def test_a_gpu_held_by_one_claim_makes_another_wait_and_time_out(tmp_path: Path) -> None:
+    locks = GpuLocks(tmp_path, timeout_s=0.2)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with locks.gpus(["GPU-a", "GPU-b"]):
+            held.set()
+            release.wait(5)
+
+    thread = _in_thread(hold)
+    assert held.wait(5)
+    with pytest.raises(GpuLockTimeoutError, match=r"GPU GPU-b: waited 0\.2s"), locks.gpus(["GPU-c", "GPU-b"]):
+        pass
+    with locks.gpus(["GPU-c"]):  # a GPU nobody holds is free
+        pass
+    release.set()
+    thread.join()
+    with locks.gpus(["GPU-b"]):
+        pass
+
+
+def test_node_section_waits_for_gpu_sections_and_holds_new_ones_back(tmp_path: Path) -> None:
+    locks = GpuLocks(tmp_path, timeout_s=0.3)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with locks.gpus(["GPU-a"]):
+            held.set()
+            release.wait(5)
+
+    thread = _in_thread(hold)
+    assert held.wait(5)
+    with pytest.raises(GpuLockTimeoutError, match="claims being prepared"), locks.node():
+        pass
+    release.set()
+    thread.join()
+    with locks.node():
+        outsider: list[BaseException] = []
+
+        def try_gpu() -> None:
+            try:
+                with locks.gpus(["GPU-z"]):
+                    pass
+            except GpuLockTimeoutError as exc:
+                outsider.append(exc)
+
+        other = _in_thread(try_gpu)
+        other.join()
+        assert outsider and "node-wide work" in str(outsider[0])
+        with locks.gpus(["GPU-a"]), locks.node():  # its own thread: re-entrant both ways down
+            pass
+
+
+def test_sections_are_reentrant_and_the_node_cannot_be_asked_for_from_inside_a_gpu(tmp_path: Path) -> None:
+    locks = GpuLocks(tmp_path)
+    with (
+        locks.gpus(["GPU-a"]),
+        locks.gpus(["GPU-a", "GPU-b"]),
+        pytest.raises(RuntimeError, match="wait for itself"),
+        locks.node(),
+    ):
+        pass
+    with locks.node():  # all released: free again
+        pass
+
+
+_OTHER_PLUGIN = """
+import sys, time
+from dra_gpu.gpu_locks import GpuLocks
+locks = GpuLocks(sys.argv[1])
+with locks.gpus([sys.argv[2]]):
+    print("held", flush=True)
+    time.sleep(5)
+"""
+
+
+def test_another_plugin_process_holding_a_gpu_excludes_it_here(tmp_path: Path) -> None:
+    other = subprocess.Popen(
+        [sys.executable, "-c", _OTHER_PLUGIN, str(tmp_path), "GPU-a"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "held"
+        locks = GpuLocks(tmp_path, file_timeout_s=0.2)
+        with (
+            pytest.raises(GpuLockTimeoutError, match=r"gpu-GPU-a\.lock: held by another plugin instance"),
+            locks.gpus(["GPU-a"]),
+        ):
+            pass
+        with locks.gpus(["GPU-b"]):  # its other GPUs are free
+            pass
+        with (
+            pytest.raises(GpuLockTimeoutError, match=r"node\.lock: held by another plugin instance"),
+            locks.node(),
+        ):
+            pass
+    finally:
+        other.kill()
+        other.wait()
+    with locks.gpus(["GPU-a"]), GpuLocks(tmp_path).gpus(["GPU-b"]):
+        pass
