@@ -277,10 +277,11 @@ class PrepareService:
                 self.metrics.lock_wait.observe(time.perf_counter() - started)
             yield
 
-    def _gpu_keys(self, names: Iterable[str]) -> set[str]:
-        """The lock keys of these devices: their physical GPUs (a device the node no longer has: its name)."""
+    def _gpu_keys(self, entry: ClaimEntry) -> set[str]:
+        """The lock keys of a checkpointed claim's devices: their physical GPUs, as a prepare takes them from
+        its allocation (a device the node no longer has: its name)."""
         by_name = self.device_model().by_name()
-        return {by_name[n].parent_uuid if n in by_name else n for n in names}
+        return {by_name[d.device].parent_uuid if d.device in by_name else d.device for d in entry.devices}
 
     def _entry(self, ref: ClaimRef) -> ClaimEntry | None:
         """This claim's entry, a copy of its own (the sharing manager may change group states in place)."""
@@ -302,7 +303,7 @@ class PrepareService:
         claim was unprepared meanwhile."""
         if self.cdi.has_spec(ref.uid):
             return _answer_from_entry(entry)
-        with self._gpus_locked(ref, self._gpu_keys(d.device for d in entry.devices)):
+        with self._gpus_locked(ref, self._gpu_keys(entry)):
             current = self._entry(ref)
             if current is None or current.phase is not ClaimPhase.PREPARE_COMPLETED:
                 return None
@@ -371,7 +372,7 @@ class PrepareService:
         groups = self._resolve(ref, allocations, raw_configs)
         keys = {a.device.parent_uuid for a in allocations}
         if left is not None:  # the same UID has the same allocation, but a leftover's devices count too
-            keys |= self._gpu_keys(d.device for d in left.devices)
+            keys |= self._gpu_keys(left)
         with self._gpus_locked(ref, keys):
             entry = self._entry(ref)
             if entry is not None and entry.phase is ClaimPhase.PREPARE_COMPLETED:
@@ -698,11 +699,15 @@ class PrepareService:
         return errors
 
     def _unprepare_claim(self, ref: ClaimRef) -> None:
-        entry = self._entry(ref)
-        if entry is None:
-            self.cdi.remove(ref.uid)  # a leftover from an interrupted earlier attempt, if any
-            return
-        with self._gpus_locked(ref, self._gpu_keys(d.device for d in entry.devices)):
+        with self._locked(ref):
+            entry = self._entry(ref)
+            if entry is None:
+                # A leftover from an interrupted earlier attempt, if any. Removed in the same hold of the
+                # checkpoint lock that found no entry: a prepare of this claim writes its spec only after its
+                # `PrepareStarted` update, so this never removes the spec of a prepare running meanwhile.
+                self.cdi.remove(ref.uid)
+                return
+        with self._gpus_locked(ref, self._gpu_keys(entry)):
             entry = self._entry(ref)  # a concurrent call for the same claim may have finished meanwhile
             if entry is None:
                 return
@@ -781,7 +786,7 @@ class PrepareService:
             if claim is not None and claim.get("metadata", {}).get("uid") == entry.uid:
                 continue
             try:
-                with self._gpus_locked(ref, self._gpu_keys(d.device for d in entry.devices)):
+                with self._gpus_locked(ref, self._gpu_keys(entry)):
                     current = self._entry(ref)
                     if current is None or current.phase is not ClaimPhase.PREPARE_STARTED:
                         continue
