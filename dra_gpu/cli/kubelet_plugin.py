@@ -399,11 +399,14 @@ def run(args: argparse.Namespace) -> int:
     if args.health_service == "true":
         health = DeviceHealthService(args.node_name, published_model)
     server = PluginServer(paths, DRIVER_NAME, service, metrics, health=health)
-    publishing = _start_slice_publishing(args, api_client, published_model)
+    # The slice controller's (stop, update_model), once it runs: it starts right after the sockets, as the
+    # Go kubeletplugin helper does, so the kubelet can register us while its API client still loads. It reads
+    # the current model when it first syncs, so a change before then is not lost.
+    publishing: list[tuple[Callable[[], None], Callable[[DeviceModel], None]]] = []
 
     def republish(model: DeviceModel) -> None:
-        if publishing is not None:
-            publishing[1](reconciler.with_taints(health_view.with_health(model)))
+        for _stop, update_model in publishing:
+            update_model(reconciler.with_taints(health_view.with_health(model)))
 
     def on_health_change() -> None:
         republish(inventory.model())
@@ -434,6 +437,12 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
+    started_publishing = _start_slice_publishing(args, api_client, published_model)
+    if started_publishing is not None:
+        publishing.append(started_publishing)
+    # What the first prepare needs and the sockets did not (the API's claim client, the config models):
+    # loaded now, off the start-up path; a prepare that comes first loads them itself.
+    threading.Thread(target=service.warm_up, name="warm-up", daemon=True).start()
 
     # One health table for the gRPC health port and /healthz, /readyz: filled by its own thread, so no probe
     # ever waits behind prepare work (a burst of prepares or a slow MIG creation must not restart us).
@@ -488,8 +497,8 @@ def run(args: argparse.Namespace) -> int:
         endpoint.stop()
     if health_server is not None:
         health_server.stop()
-    if publishing is not None:
-        publishing[0]()
+    for stop_publishing, _update in publishing:
+        stop_publishing()
     log.info("kubelet plugin stopped")
     return 0
 

@@ -135,7 +135,8 @@ class Registry:
     def _save(self, data: dict[str, Any]) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         with open(tmp, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=1, sort_keys=True)
+            # one C-encoded string (`json.dump` and `indent` take the pure-Python encoder)
+            out.write(json.dumps(data, separators=(",", ":"), sort_keys=True))
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, self.path)

@@ -8,6 +8,7 @@
 #   all            control-plane + kube-controller-manager, kube-scheduler, kubelet, kubectl, containerd, runc, CNI
 #   helm           helm
 #   nvidia-ctk     nvidia-ctk and nvidia-cdi-hook (NVIDIA Container Toolkit) for the driver image
+#   dra-example-driver  the Go example driver's kubelet plugin (the baseline of make bench's side-by-side table)
 #   image          the driver image, via manifests/image/build.sh (needs docker, podman or buildah)
 # A stamp per component (version + recipe) makes a second run instant. Build times go to
 # e2e/_artifacts/build-times.json.
@@ -329,6 +330,28 @@ build_nvidia_ctk() {
     record_time nvidia-ctk "$v" build_s "$(since "$t0")"
 }
 
+# ---------------------------------------------------------------------------------- Go example DRA driver
+# sigs.k8s.io/dra-example-driver's kubelet plugin: the Go baseline that bench/bench_side_by_side.py runs next to
+# ours against the same apiserver. Built from the module's own go.mod (`go install pkg@version` would ask the
+# proxy for the module's version list, which it does not serve). Installed under $CACHE/dra-example-driver/<v>.
+EXAMPLE_DRIVER_DIR="$CACHE/dra-example-driver/${DRA_EXAMPLE_DRIVER_VERSION:-unset}"
+build_dra_example_driver() {
+    local v="$DRA_EXAMPLE_DRIVER_VERSION" recipe="$DRA_EXAMPLE_DRIVER_VERSION kubeletplugin-cgo0"
+    if [[ -f "$EXAMPLE_DRIVER_DIR/.stamp" && "$(cat "$EXAMPLE_DRIVER_DIR/.stamp")" == "$recipe" \
+          && -x "$EXAMPLE_DRIVER_DIR/dra-example-kubeletplugin" ]]; then
+        log "dra-example-driver $v up to date"; return 0
+    fi
+    log "dra-example-driver $v ..."
+    local t0 src; t0=$(now_us)
+    src="$(writable_source sigs.k8s.io/dra-example-driver "$v" "$v")"
+    mkdir -p "$EXAMPLE_DRIVER_DIR"
+    (cd "$src" && CGO_ENABLED=0 run_logged dra-example-driver "${NICE[@]}" go build -ldflags "-s -w" \
+        -o "$EXAMPLE_DRIVER_DIR/dra-example-kubeletplugin" ./cmd/dra-example-kubeletplugin)
+    printf '%s' "$recipe" >"$EXAMPLE_DRIVER_DIR/.stamp"
+    log "dra-example-driver $v done in $(since "$t0")s"
+    record_time dra-example-driver "$v" build_s "$(since "$t0")"
+}
+
 # ------------------------------------------------------------------------------------------------- main
 main() {
     (($#)) || set -- control-plane
@@ -349,9 +372,10 @@ main() {
             scheduler) locked "k8s-$KUBERNETES_VERSION" build_k8s kube-scheduler ;;  # kept for callers; control-plane has it
             helm) locked helm build_helm ;;
             nvidia-ctk) locked nvidia-ctk build_nvidia_ctk ;;
+            dra-example-driver) locked dra-example-driver build_dra_example_driver ;;
             # The driver's container image (docker/podman/buildah); `make image` calls this target.
             image) "$REPO/manifests/image/build.sh" ;;
-            *) die "unknown target '$target' (use control-plane, node, all, scheduler, helm, nvidia-ctk or image)" ;;
+            *) die "unknown target '$target' (use control-plane, node, all, scheduler, helm, nvidia-ctk, dra-example-driver or image)" ;;
         esac
         # cold_s: this target compiled something; warm_s: every stamp was current.
         local kind=warm_s

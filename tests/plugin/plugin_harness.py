@@ -224,13 +224,14 @@ class ClaimFactory:
     """Creates ResourceClaims and writes `status.allocation` through the status subresource, as the scheduler
     would (no scheduler needed)."""
 
-    def __init__(self, api_client: Any, node_name: str) -> None:
+    def __init__(self, api_client: Any, node_name: str, *, driver: str = DRIVER) -> None:
         from kubernetes import client
 
         # Any: raw JSON bodies in and out (`_preload_content=False`), not the typed models
         self.api: Any = client.ResourceV1Api(api_client)
         self.core: Any = client.CoreV1Api(api_client)
         self.node_name = node_name
+        self.driver = driver  # the driver the allocation names (another one for the Go baseline benchmark)
         self._namespaces: set[str] = set()
 
     def namespace(self, name: str, labels: Mapping[str, str] | None = None) -> str:
@@ -298,7 +299,7 @@ class ClaimFactory:
                 "results": [
                     {
                         "request": r.request,
-                        "driver": DRIVER,
+                        "driver": self.driver,
                         "pool": self.node_name,
                         "device": r.device,
                         **({"adminAccess": True} if r.admin_access else {}),

@@ -42,3 +42,20 @@ def test_unreachable_api_server_is_a_read_error() -> None:
     reader = KubeClaimReader(client.ApiClient(config), timeout_s=1.0)
     with pytest.raises(ClaimReadError, match="reading ResourceClaim ns/c"):
         reader.get("ns", "c")
+
+
+def test_reads_from_threads_racing_the_warm_up(kube_apiserver: Any) -> None:
+    """The plugin warms the claim client up in a thread while prepares may already arrive: every reader gets
+    the claim, and one client is made for all of them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    api_client = kube_apiserver.api_client()
+    name, uid = ClaimFactory(api_client, "node-warm").make("warm", [Result("gpu", "gpu-0")])
+    reader = KubeClaimReader(api_client)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        warm = pool.submit(reader.warm_up)
+        claims = list(pool.map(lambda _: reader.get("warm", name), range(16)))
+        warm.result()
+    assert all(c is not None and c["metadata"]["uid"] == uid for c in claims)
+    api = reader._resource_api()
+    assert all(reader._resource_api() is api for _ in range(3))
