@@ -33,7 +33,7 @@ from e2e.lib.claims import pod_claim_names
 from e2e.lib.kubectl import Kubectl, KubectlError
 from e2e.lib.settings import DRIVER_NAME, E2ESettings
 from e2e.lib.waiting import wait_until
-from e2e.lib.workloads import claim, claim_template, gpu_config_time_slicing
+from e2e.lib.workloads import claim, claim_template, claim_with_opaque, gpu_config_time_slicing
 
 pytestmark = [
     pytest.mark.e2e,
@@ -303,8 +303,8 @@ def test_webhook_pods_down_block_only_gpu_nvidia_com_configs(release: Release, n
         assert "validate-resource-claim-parameters.gpu.nvidia.com" in refused.stderr, refused.stderr
         other = {"driver": "other.example.com", "parameters": {"kind": "Anything"}}
         for doc in (
-            _claim_without_config(namespace, "other-driver", other),
-            _claim_without_config(namespace, "no-config"),
+            claim_with_opaque(namespace, "other-driver", other),
+            claim_with_opaque(namespace, "no-config"),
             claim_template(namespace, "template-no-config"),
         ):
             created = _try(kubectl, doc)
@@ -326,20 +326,6 @@ def test_webhook_pods_down_block_only_gpu_nvidia_com_configs(release: Release, n
     )  # fmt: skip
     bad = _try(kubectl, claim(namespace, "bad-after", gpu_config_time_slicing("VeryLong")))
     assert bad.returncode != 0 and "sharing.timeSlicingConfig.interval" in bad.stderr, bad.stderr
-
-
-def _claim_without_config(ns: str, name: str, opaque: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A claim for one gpu.nvidia.com device; `opaque`, when given, is another driver's config."""
-    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
-    devices: dict[str, Any] = {"requests": [request]}
-    if opaque is not None:
-        devices["config"] = [{"requests": ["gpu"], "opaque": opaque}]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"namespace": ns, "name": name},
-        "spec": {"devices": devices},
-    }
 
 
 def test_gpu_pod_runs_with_device_nodes(release: Release, namespace: str) -> None:

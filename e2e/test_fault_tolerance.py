@@ -21,7 +21,13 @@ from e2e.lib.example_runner import cluster_has
 from e2e.lib.kubectl import Kubectl
 from e2e.lib.settings import E2ESettings
 from e2e.lib.waiting import namespace_report, wait_for_pods, wait_until
-from e2e.lib.workloads import claim, claim_template, gpu_config_time_slicing, pod_with_template
+from e2e.lib.workloads import (
+    claim,
+    claim_template,
+    claim_with_opaque,
+    gpu_config_time_slicing,
+    pod_with_template,
+)
 
 CLAIMS = "resourceclaims.resource.k8s.io"
 XID_TAINT_KEY = "gpu.nvidia.com/xid"  # dra_gpu/inventory/device_health.py
@@ -31,20 +37,6 @@ def _host_driver(driver: DriverControl) -> HostDriver:
     if not isinstance(driver, HostDriver):
         pytest.skip("stops and restarts the driver's host processes (host mode, the local cluster)")
     return driver
-
-
-def _plain_claim(ns: str, name: str, opaque: dict[str, Any] | None = None) -> dict[str, Any]:
-    devices: dict[str, Any] = {
-        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]
-    }
-    if opaque is not None:
-        devices["config"] = [{"requests": ["gpu"], "opaque": opaque}]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"namespace": ns, "name": name},
-        "spec": {"devices": devices},
-    }
 
 
 @pytest.mark.e2e
@@ -80,8 +72,8 @@ def test_webhook_down_blocks_only_gpu_nvidia_com_configs(
 
         other = {"driver": "other.example.com", "parameters": {"kind": "Anything", "interval": "VeryLong"}}
         for doc in (
-            _plain_claim(namespace, "other-driver", other),
-            _plain_claim(namespace, "no-config"),
+            claim_with_opaque(namespace, "other-driver", other),
+            claim_with_opaque(namespace, "no-config"),
             claim_template(namespace, "template-no-config"),
         ):
             result = kubectl_apply(doc)

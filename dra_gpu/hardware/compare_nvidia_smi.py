@@ -1,12 +1,10 @@
 """Discovery fidelity check: what NvmlHardware discovers versus what `nvidia-smi` reports. Read-only.
 
 On a GPU machine: `python -m dra_gpu.hardware.compare_nvidia_smi --hardware real --nvidia-driver-root /`. It
-runs
-`<driver root>/usr/bin/nvidia-smi -q -x` (and `mig -lgipp` for GPUs in MIG mode), discovers the GPUs through
-NVML
-as the plugin does, and prints one line per compared field; the exit code is 1 when anything differs. Nothing
-is
-changed on the machine. With a simulator profile it checks the simulator against its own fake `nvidia-smi`.
+runs `<driver root>/usr/bin/nvidia-smi -q -x` (and `mig -lgipp` for GPUs in MIG mode), discovers the GPUs
+through NVML as the plugin does, and prints one line per compared field; the exit code is 1 when anything
+differs. Nothing is changed on the machine. With a simulator profile it checks the simulator against its own
+fake `nvidia-smi`.
 """
 
 from __future__ import annotations

@@ -37,18 +37,23 @@ def claim_template(
 
 
 def claim(ns: str, name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """A claim for one gpu.nvidia.com device with our opaque `config`."""
+    return claim_with_opaque(ns, name, {"driver": "gpu.nvidia.com", "parameters": config})
+
+
+def claim_with_opaque(ns: str, name: str, opaque: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A claim for one gpu.nvidia.com device; `opaque`, when given, is its whole opaque config (any
+    driver's)."""
+    devices: dict[str, Any] = {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]
+    }
+    if opaque is not None:
+        devices["config"] = [{"requests": ["gpu"], "opaque": opaque}]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"namespace": ns, "name": name},
-        "spec": {
-            "devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
-                "config": [
-                    {"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": config}}
-                ],
-            }
-        },
+        "spec": {"devices": devices},
     }
 
 
