@@ -85,6 +85,9 @@ class PreparedDevice:
     admin_access: bool = False
     share_id: str | None = None
     cdi_device_ids: tuple[str, ...] = ()
+    # On a device several claims share: the config this claim gives it, normalized ({} for none); another
+    # claim of the same device must give the same. None: not shared, or recorded before this field existed.
+    config: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> JsonDict:
@@ -95,11 +98,13 @@ class PreparedDevice:
             out["adminAccess"] = True
         if self.share_id is not None:
             out["shareID"] = self.share_id
+        if self.config is not None:
+            out["config"] = dict(self.config)
         return out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> PreparedDevice:
-        known = {"request", "pool", "device", "adminAccess", "shareID", "cdiDeviceIDs"}
+        known = {"request", "pool", "device", "adminAccess", "shareID", "cdiDeviceIDs", "config"}
         return cls(
             request=str(raw["request"]),
             pool=str(raw["pool"]),
@@ -107,6 +112,7 @@ class PreparedDevice:
             admin_access=bool(raw.get("adminAccess", False)),
             share_id=None if raw.get("shareID") is None else str(raw["shareID"]),
             cdi_device_ids=tuple(str(i) for i in raw.get("cdiDeviceIDs", ())),
+            config=dict(raw["config"]) if isinstance(raw.get("config"), Mapping) else None,
             extra={k: v for k, v in raw.items() if k not in known},
         )
 

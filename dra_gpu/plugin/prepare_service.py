@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
+from pydantic import BaseModel
 
 from dra_gpu.cdi.driver_discovery import MigCapabilityError, mig_capability_minors
 from dra_gpu.cdi.edits_json import edits_from_json, edits_to_json
@@ -124,6 +126,31 @@ class _Allocation:
             share_id=self.share_id,
             consumed_capacity=self.consumed_capacity,
         )
+
+
+def _shared_device_configs(
+    allocations: Sequence[_Allocation], groups: Sequence[tuple[object | None, list[int]]]
+) -> list[Mapping[str, Any] | None]:
+    """Per allocation: on a device several claims may share (NVIDIA's consumable shares), the config it gets,
+    normalized as NVIDIA compares them (defaults filled in by decoding, then left out, so that no config and
+    the default config are equal); None on other devices. Our `gpu-<minor>-shared` devices are left out: each
+    share there has its own MPS daemon and settings."""
+    configs: list[Mapping[str, Any] | None] = [None] * len(allocations)
+    for config, indices in groups:
+        normalized: dict[str, Any] = {}
+        if isinstance(config, BaseModel):
+            normalized = config.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+            for key in ("apiVersion", "kind"):  # the same settings in another API version are the same
+                normalized.pop(key, None)
+        for i in indices:
+            device = allocations[i].device
+            if device.allow_multiple_allocations and device.kind is not DeviceKind.GPU_SHARE:
+                configs[i] = normalized
+    return configs
+
+
+def _config_text(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True) if config else "no config"
 
 
 def strip_subrequest(request: str) -> str:
@@ -370,6 +397,7 @@ class PrepareService:
         claim = self._fetch(ref)
         allocations, raw_configs = self._our_allocations(ref, claim)
         groups = self._resolve(ref, allocations, raw_configs)
+        configs = _shared_device_configs(allocations, groups)
         keys = {a.device.parent_uuid for a in allocations}
         if left is not None:  # the same UID has the same allocation, but a leftover's devices count too
             keys |= self._gpu_keys(left)
@@ -392,13 +420,15 @@ class PrepareService:
                         device=a.device.name,
                         admin_access=a.admin_access,
                         share_id=a.share_id,
+                        config=config,
                     )
-                    for a in allocations
+                    for a, config in zip(allocations, configs, strict=True)
                 ),
             )
             with self._locked(ref):  # the check and the reservation in one update of the file
                 checkpoint = self._read(ref, shared=True)
                 self._refuse_double_use(ref, checkpoint, allocations)
+                self._refuse_other_config(ref, checkpoint, entry)
                 checkpoint.claims[ref.uid] = entry
                 # Not fsynced, nor the group records below: only the completed record is. They exist to undo
                 # a prepare that a crash of this process interrupted, and the page cache outlives the process.
@@ -513,6 +543,27 @@ class PrepareService:
                             f"claim {ref}: requested device {alloc.device.name} is already allocated to "
                             f"different claim {other.ref} ({uid}) as {held.device}",
                         )
+
+    def _refuse_other_config(self, ref: ClaimRef, checkpoint: Checkpoint, entry: ClaimEntry) -> None:
+        """A device that several claims share gets one config: the GPU-wide settings of one (a time-slice
+        interval) would change those of the others. As NVIDIA's driver does, a claim whose config for a shared
+        device differs from that of a claim already holding it is refused."""
+        for mine in entry.devices:
+            if mine.config is None:
+                continue
+            for uid, other in checkpoint.claims.items():
+                if uid == ref.uid:
+                    continue
+                for held in other.devices:
+                    if held.device != mine.device or held.config is None or held.config == mine.config:
+                        continue
+                    raise ClaimError(
+                        "device_config_conflict",
+                        f"claim {ref}: requested device {mine.device} has conflicting configuration with "
+                        f"already prepared claim {other.ref} ({uid}): it has {_config_text(held.config)}, "
+                        f"this claim asks for {_config_text(mine.config)}; claims that share a device must "
+                        "give it the same config (or none)",
+                    )
 
     def _apply(
         self,

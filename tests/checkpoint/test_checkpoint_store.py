@@ -42,6 +42,13 @@ def entry(uid: str, phase: ClaimPhase = ClaimPhase.PREPARE_COMPLETED) -> ClaimEn
                 share_id=None,
                 cdi_device_ids=(f"k8s.gpu.nvidia.com/claim={uid}-gpu-0",),
             ),
+            PreparedDevice(
+                request="shared",
+                pool="node-a",
+                device="gpu-1",
+                share_id="11111111-0000-0000-0000-000000000001",
+                config={"sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}},
+            ),
         ),
         groups=(
             PreparedGroup(
@@ -67,6 +74,8 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
     raw = json.loads((tmp_path / "checkpoint.json").read_text())
     assert raw["apiVersion"] == API_VERSION and raw["bootID"] == "boot-1"
     assert raw["claims"]["u2"]["checkpointState"] == "PrepareStarted"
+    assert raw["claims"]["u1"]["devices"][1]["config"]["sharing"]["strategy"] == "TimeSlicing"
+    assert "config" not in raw["claims"]["u1"]["devices"][0]  # not a shared device
     assert oct((tmp_path / "checkpoint.json").stat().st_mode & 0o777) == "0o600"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from dra_gpu.sharing.mps import process_start_time
 from tests.plugin.kubelet_client import ClaimId, KubeletClient
-from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, Result, SimNode
+from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, Result, SimNode, opaque, time_slicing
 
 pytestmark = pytest.mark.apiserver
 
@@ -83,6 +83,34 @@ def test_unlimited_shares_get_the_gpu_without_a_daemon(
     assert [answer.claims[c.uid].error for c in (a, b)] == ["", ""]
     assert daemons(node) == {}
     assert kubelet.unprepare([a, b]).claims[a.uid].error == ""
+    kubelet.close()
+
+
+def test_a_share_with_another_config_than_the_gpus_other_claims_is_refused(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """A time-slice interval is set on the whole GPU: a second claim asking another one of a GPU that a
+    prepared claim shares would change the first claim's. It is refused, naming both configs; a claim with
+    the same config is not, and once the GPU's claims are gone another config is fine."""
+    start_plugin(extra_args=["--consumable-shares", "unlimited"])
+    kubelet = KubeletClient(node.registration_socket)
+    share_ids = iter(f"44444444-0000-0000-0000-00000000000{i}" for i in range(8))
+
+    def share(interval: str) -> ClaimId:
+        result = Result("gpu", "gpu-3", share_id=next(share_ids), consumed={"memory": "0"})
+        return made("cfg", claims.make("cfg", [result], [opaque(time_slicing(interval))]))
+
+    long_a, long_b, short = share("Long"), share("Long"), share("Short")
+    assert kubelet.prepare([long_a]).claims[long_a.uid].error == ""
+    error = kubelet.prepare([short]).claims[short.uid].error
+    assert "requested device gpu-3 has conflicting configuration with already prepared claim" in error, error
+    assert '"interval": "Long"' in error and '"interval": "Short"' in error, error
+    assert short.uid not in node.checkpoint()["claims"]  # refused before anything was done
+    assert list(node.timeslices().values()) == [3]  # gpu-3's interval is still Long's
+    assert kubelet.prepare([long_b]).claims[long_b.uid].error == ""
+    assert kubelet.unprepare([long_a, long_b]).claims[long_a.uid].error == ""
+    assert kubelet.prepare([short]).claims[short.uid].error == ""
+    assert kubelet.unprepare([short]).claims[short.uid].error == ""
     kubelet.close()
 
 
