@@ -166,6 +166,18 @@ def _counter_set(gpu: GpuInfo, with_mig: bool) -> CounterSet:
     return CounterSet(naming.counter_set_name(gpu.minor), counters)
 
 
+def _largest_mig_engines(gpu: GpuInfo) -> dict[str, Capacity]:
+    """With dynamic MIG, NVIDIA's whole GPU carries each MIG capacity at its largest value over the GPU's MIG
+    profiles (its `maxCapacities`), so a selector on `copyEngines` and the like matches the whole GPU too.
+    These are the engine counts; `memory` and `multiprocessors` stay the device's own (see
+    docs/differences-from-nvidia.md)."""
+    return {
+        capacity: Capacity(max((int(getattr(p, field)) for p in gpu.mig_profiles), default=0))
+        for capacity, _counter, field in mig_geometry.ENGINE_DIMENSIONS
+        if capacity != "multiprocessors"
+    }
+
+
 def _consume_all(counter_set: CounterSet) -> tuple[CounterConsumption, ...]:
     return (CounterConsumption(counter_set.name, {k: v for k, v in counter_set.counters.items() if v > 0}),)
 
@@ -331,6 +343,7 @@ def _gpu_devices(
                 capacity={
                     "memory": Capacity(gpu.memory_bytes, binary_si=True),
                     "multiprocessors": Capacity(gpu.multiprocessors),
+                    **(_largest_mig_engines(gpu) if dynamic else {}),
                 },
                 consumes_counters=_consume_all(counter_set) if counter_set else (),
             )

@@ -97,6 +97,24 @@ def test_attribute_sets_per_type_and_limits(root: Path) -> None:
     assert "memory-slice-3" not in mig.consumes_counters[0].counters
 
 
+def test_whole_gpu_carries_the_largest_mig_engine_counts_only_with_dynamic_mig(root: Path) -> None:
+    """As NVIDIA's DynamicMIG whole GPU (`maxCapacities`): a selector such as `copyEngines >= 8` matches the
+    whole GPU, each engine count the largest of the GPU's MIG devices; without dynamic MIG, as NVIDIA's
+    plain whole GPU, no engine counts."""
+    _, discovery = _discover(root, "dgx-h100")
+    dynamic = build_device_model(discovery).by_name()
+    migs = [d for d in dynamic.values() if d.kind is DeviceKind.MIG_DYNAMIC and d.parent_minor == 0]
+    engines = ("copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
+    largest = {name: max(m.capacity[name].value for m in migs) for name in engines}
+    assert largest == {"copyEngines": 8, "decoders": 7, "encoders": 0, "jpegEngines": 7, "ofaEngines": 1}
+    whole = dynamic["gpu-0"]
+    assert {name: whole.capacity[name].value for name in engines} == largest
+    assert whole.capacity["memory"].value == discovery.gpus[0].memory_bytes  # the device's own
+    assert whole.capacity["multiprocessors"].value == discovery.gpus[0].multiprocessors
+    plain = build_device_model(discovery, ModelOptions(dynamic_mig=False)).by_name()["gpu-0"]
+    assert set(plain.capacity) == {"memory", "multiprocessors"}
+
+
 def test_share_device(root: Path) -> None:
     _, discovery = _discover(root, "single-t4")
     model = build_device_model(discovery)
