@@ -254,7 +254,9 @@ def _allocation_configs(
 # What MPS does not isolate (NVIDIA's MPS documentation), said wherever a claim would share a GPU through it.
 MPS_ISOLATION_NOTES = (
     "compute and pinned-memory limits are set on the claim's own MPS control daemon; a tenant's "
-    "container can only lower them",
+    "environment can only lower them, but they are no security boundary: the claim's containers get the "
+    "daemon's pipe directory, so a root tenant that brings its own MPS control client can change them "
+    "(as with NVIDIA's driver, which mounts the pipe directory the same way)",
     "memory: each Volta+ MPS client has its own GPU address space, but there is no isolation of memory "
     "bandwidth, caches or of the GPU's memory beyond the pinned-memory limit",
     "faults: a fatal GPU exception of one client ends every client of the same MPS server (the claim's "

@@ -12,8 +12,10 @@ Readiness is proven before prepare returns: the daemon must answer `get_server_l
 and have written its log. Limits are set ON THE CONTROL DAEMON (`set_default_active_thread_percentage N`,
 `set_default_device_pinned_mem_limit <uuid> <N>M`) and nowhere else: NVIDIA documents that a client's own
 `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` / `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` can only lower the daemon's setting,
-so a tenant cannot raise its share from inside its container, and a value the user put in the pod spec (which
-can only lower it) is left alone. The container gets `CUDA_MPS_PIPE_DIRECTORY` and the pipe/shm mounts only;
+so a tenant's environment cannot raise its share, and a value the user put in the pod spec (which can only
+lower it) is left alone. (No security boundary: the pipe directory a client needs is also the daemon's control
+channel, so a root tenant that brings its own control client can change the limits; NVIDIA's driver is the
+same.) The container gets `CUDA_MPS_PIPE_DIRECTORY` and the pipe/shm mounts only;
 the control binary is never mounted into workloads.
 
 The daemon is detached (its own session; `-d` daemonizes) so it outlives the plugin process. It is known by

@@ -217,7 +217,8 @@ def test_shared_gpu_claims_carry_the_mps_isolation_caveats() -> None:
     claims = json.loads(done.stdout)["claims"]
     assert claims and all(c["isolation"] for c in claims)
     joined = " ".join(claims[0]["isolation"])
-    assert "can only lower" in joined and "fatal GPU exception" in joined and "MIG" in joined
+    assert "can only lower" in joined and "no security boundary" in joined
+    assert "fatal GPU exception" in joined and "MIG" in joined
     table = dra_gpu("explain", "--hardware", "dgx-h100", "-f", str(example))
     assert "  isolation: faults:" in table.stdout
 
