@@ -8,13 +8,14 @@ matching devices of every node are reported.
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from dra_gpu.allocator.claims import DeviceClassSpec
 from dra_gpu.allocator.matching import SelectorSet
-from dra_gpu.allocator.model import AllocatedDevice, ClaimSpec, DeviceRequestSpec, Rejection
+from dra_gpu.allocator.model import AllocatedDevice, ClaimSpec, DeviceRequestSpec, Pool, Rejection
+from dra_gpu.allocator.node_equivalence import carry_over, equivalence_key
 from dra_gpu.allocator.pools import Node, SliceIndex
 from dra_gpu.allocator.search import DEFAULT_STEP_LIMIT, Existing, NodeAllocator, NodeResult
 
@@ -97,12 +98,21 @@ def _explain_group(
     chosen: NodeResult | None = None
     failures: dict[str, str] = {}
     per_node: list[NodeResult] = []
+    held = set(existing.exclusive) | set(existing.shared)
+    # equivalence key -> (pools, failed result) of the node searched for it: identical nodes are searched once
+    searched: dict[Hashable, tuple[Sequence[Pool], NodeResult]] = {}
     for node in nodes:
-        allocator = NodeAllocator(
-            node.name, group, classes, pools_by_node[node.name], existing, selector_sets, step_limit
-        )
+        pools = pools_by_node[node.name]
+        allocator = NodeAllocator(node.name, group, classes, pools, existing, selector_sets, step_limit)
         if chosen is None:
-            result = allocator.run()
+            key = equivalence_key(node.name, pools, held)
+            known = searched.get(key) if key is not None else None
+            if known is not None:
+                result = carry_over(known[1], known[0], node.name, pools)
+            else:
+                result = allocator.run()
+                if key is not None and not result.success:
+                    searched[key] = (pools, result)
             if result.success:
                 chosen = result
             else:
