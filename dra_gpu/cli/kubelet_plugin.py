@@ -437,7 +437,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     server.start()
-    started_publishing = _start_slice_publishing(args, api_client, published_model)
+    try:
+        started_publishing = _start_slice_publishing(args, api_client, published_model)
+    except Exception:
+        server.stop()  # no sockets left behind that answer for a plugin that is gone
+        raise
     if started_publishing is not None:
         publishing.append(started_publishing)
     # What the first prepare needs and the sockets did not (the API's claim client, the config models):
