@@ -549,13 +549,13 @@ class PrepareService:
         interval) would change those of the others. As NVIDIA's driver does, a claim whose config for a shared
         device differs from that of a claim already holding it is refused."""
         for mine in entry.devices:
-            if mine.config is None:
+            if mine.config is None or mine.admin_access:  # admin access takes the device as it is
                 continue
             for uid, other in checkpoint.claims.items():
                 if uid == ref.uid:
                     continue
                 for held in other.devices:
-                    if held.device != mine.device or held.config is None or held.config == mine.config:
+                    if held.device != mine.device or held.admin_access or held.config in (None, mine.config):
                         continue
                     raise ClaimError(
                         "device_config_conflict",
