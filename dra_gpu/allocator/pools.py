@@ -80,8 +80,6 @@ class SliceIndex:
         self.by_node: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
         self.shared: list[Mapping[str, Any]] = []  # allNodes, nodeSelector, perDeviceNodeSelection
         self.node_names: set[str] = set()
-        # id(counter set entry) -> (the entry, its counters parsed): replicated nodes share the entries
-        self._parsed_counters: dict[int, tuple[Mapping[str, Any], dict[str, Decimal]]] = {}
         for slice_obj in slices:
             spec = _spec(slice_obj)
             pool = spec.get("pool") or {}
@@ -110,7 +108,7 @@ class SliceIndex:
                 relevant.append((slice_obj, devices))
             elif spec.get("allNodes") or node_selector_matches(spec.get("nodeSelector"), node):
                 relevant.append((slice_obj, None))
-        return build_pools(relevant, node.name, self._parsed_counters)
+        return build_pools(relevant, node.name)
 
 
 def _device_on_node(device: Mapping[str, Any], node: Node) -> bool:
@@ -122,9 +120,7 @@ def _device_on_node(device: Mapping[str, Any], node: Node) -> bool:
 
 
 def build_pools(
-    slices: Sequence[tuple[Mapping[str, Any], list[Mapping[str, Any]] | None]],
-    node_name: str | None,
-    parsed_counters: dict[int, tuple[Mapping[str, Any], dict[str, Decimal]]] | None = None,
+    slices: Sequence[tuple[Mapping[str, Any], list[Mapping[str, Any]] | None]], node_name: str | None
 ) -> list[Pool]:
     """Group (slice, device subset or None for all) into pools, sorted by driver and pool name."""
     grouped: dict[tuple[str, str], list[tuple[Mapping[str, Any], list[Mapping[str, Any]] | None]]] = (
@@ -141,16 +137,13 @@ def build_pools(
         slice_count = int(current[0][0]["spec"]["pool"].get("resourceSliceCount", 1) or 1)
         pool = Pool(driver, pool_name, generation, slice_count, [m[0] for m in current], [], {})
         pool.incomplete = len(current) < slice_count
-        _fill_pool(pool, current, node_name, {} if parsed_counters is None else parsed_counters)
+        _fill_pool(pool, current, node_name)
         pools.append(pool)
     return pools
 
 
 def _fill_pool(
-    pool: Pool,
-    members: list[tuple[Mapping[str, Any], list[Mapping[str, Any]] | None]],
-    node_name: str | None,
-    parsed_counters: dict[int, tuple[Mapping[str, Any], dict[str, Decimal]]],
+    pool: Pool, members: list[tuple[Mapping[str, Any], list[Mapping[str, Any]] | None]], node_name: str | None
 ) -> None:
     names: set[str] = set()
     problems: list[str] = []
@@ -161,16 +154,12 @@ def _fill_pool(
             if set_name in pool.counter_sets:
                 problems.append(f"duplicate counter set {set_name!r}")
                 continue
-            known = parsed_counters.get(id(counter_set))
-            if known is None or known[0] is not counter_set:
-                parsed = {
-                    counter: quantity_of(
-                        (value or {}).get("value"), f"pool {pool.name} counter set {set_name} {counter}"
-                    )
-                    for counter, value in (counter_set.get("counters") or {}).items()
-                }
-                known = parsed_counters[id(counter_set)] = (counter_set, parsed)
-            pool.counter_sets[set_name] = known[1]  # read-only: the allocator copies what it charges
+            pool.counter_sets[set_name] = {
+                counter: quantity_of(
+                    (value or {}).get("value"), f"pool {pool.name} counter set {set_name} {counter}"
+                )
+                for counter, value in (counter_set.get("counters") or {}).items()
+            }
         devices = spec.get("devices") or () if subset is None else subset
         slice_name = _slice_name(slice_obj)
         driver, pool_name, append = pool.driver, pool.name, pool.candidates.append
