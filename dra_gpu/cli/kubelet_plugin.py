@@ -444,8 +444,8 @@ def run(args: argparse.Namespace) -> int:
         raise
     if started_publishing is not None:
         publishing.append(started_publishing)
-    # What the first prepare needs and the sockets did not (the API's claim client, the config models):
-    # loaded now, off the start-up path; a prepare that comes first loads them itself.
+    # What the first prepare needs and the sockets did not (the API's claim client): loaded now, off the
+    # start-up path; a prepare that comes first loads it itself.
     threading.Thread(target=service.warm_up, name="warm-up", daemon=True).start()
 
     # One health table for the gRPC health port and /healthz, /readyz: filled by its own thread, so no probe
