@@ -334,6 +334,17 @@ class MigDeviceConfig(_StrictModel):
 
 
 DeviceConfig: TypeAlias = GpuConfig | MigDeviceConfig
+
+
+def config_settings(config: DeviceConfig | None) -> dict[str, Any]:
+    """What a config asks of a device, to compare two configs as NVIDIA's driver does (normalized, then equal
+    or not): the normalized wire form without `apiVersion` and `kind`, so that no config and the default
+    config both give {}."""
+    if config is None:
+        return {}
+    return {k: v for k, v in config.normalize().to_dict().items() if k not in ("apiVersion", "kind")}
+
+
 _MODELS: Mapping[str, type[GpuConfig] | type[MigDeviceConfig]] = {
     GPU_CONFIG_KIND: GpuConfig,
     MIG_DEVICE_CONFIG_KIND: MigDeviceConfig,

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
-from pydantic import BaseModel
 
 from dra_gpu.cdi.driver_discovery import MigCapabilityError, mig_capability_minors
 from dra_gpu.cdi.edits_json import edits_from_json, edits_to_json
@@ -54,6 +53,7 @@ from dra_gpu.checkpoint.checkpoint_store import (
     PreparedDevice,
     PreparedGroup,
 )
+from dra_gpu.config.api import DeviceConfig, config_settings
 from dra_gpu.config.resolution import (
     ConfigResolutionError,
     ResultRef,
@@ -129,23 +129,18 @@ class _Allocation:
 
 
 def _shared_device_configs(
-    allocations: Sequence[_Allocation], groups: Sequence[tuple[object | None, list[int]]]
+    allocations: Sequence[_Allocation], groups: Sequence[tuple[DeviceConfig | None, list[int]]]
 ) -> list[Mapping[str, Any] | None]:
-    """Per allocation: on a device several claims may share (NVIDIA's consumable shares), the config it gets,
-    normalized as NVIDIA compares them (defaults filled in by decoding, then left out, so that no config and
-    the default config are equal); None on other devices. Our `gpu-<minor>-shared` devices are left out: each
+    """Per allocation: on a device several claims may share (NVIDIA's consumable shares), what its config asks
+    of it (`config_settings`); None on other devices. Our `gpu-<minor>-shared` devices are left out: each
     share there has its own MPS daemon and settings."""
     configs: list[Mapping[str, Any] | None] = [None] * len(allocations)
     for config, indices in groups:
-        normalized: dict[str, Any] = {}
-        if isinstance(config, BaseModel):
-            normalized = config.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-            for key in ("apiVersion", "kind"):  # the same settings in another API version are the same
-                normalized.pop(key, None)
+        settings = config_settings(config)
         for i in indices:
             device = allocations[i].device
             if device.allow_multiple_allocations and device.kind is not DeviceKind.GPU_SHARE:
-                configs[i] = normalized
+                configs[i] = settings
     return configs
 
 
@@ -427,8 +422,7 @@ class PrepareService:
             )
             with self._locked(ref):  # the check and the reservation in one update of the file
                 checkpoint = self._read(ref, shared=True)
-                self._refuse_double_use(ref, checkpoint, allocations)
-                self._refuse_other_config(ref, checkpoint, entry)
+                self._refuse_double_use(ref, checkpoint, allocations, configs)
                 checkpoint.claims[ref.uid] = entry
                 # Not fsynced, nor the group records below: only the completed record is. They exist to undo
                 # a prepare that a crash of this process interrupted, and the page cache outlives the process.
@@ -510,7 +504,7 @@ class PrepareService:
 
     def _resolve(
         self, ref: ClaimRef, allocations: Sequence[_Allocation], raw_configs: Sequence[Mapping[str, Any]]
-    ) -> list[tuple[object | None, list[int]]]:
+    ) -> list[tuple[DeviceConfig | None, list[int]]]:
         try:
             entries = ordered_config_entries(raw_configs, driver=self.driver_name)
             refs = [ResultRef(a.request, a.device.name, a.device.kind) for a in allocations]
@@ -519,8 +513,16 @@ class PrepareService:
             raise ClaimError("config", f"claim {ref}: {exc}") from exc
 
     def _refuse_double_use(
-        self, ref: ClaimRef, checkpoint: Checkpoint, allocations: Sequence[_Allocation]
+        self,
+        ref: ClaimRef,
+        checkpoint: Checkpoint,
+        allocations: Sequence[_Allocation],
+        configs: Sequence[Mapping[str, Any] | None],
     ) -> None:
+        """Refuse a device another claim holds; on a device several claims share, also refuse another config
+        than the holder's (`configs`, per allocation): the GPU-wide settings of one claim (a time-slice
+        interval) would change the other's. NVIDIA's driver refuses it too. Admin access takes devices as
+        they are, on either side."""
         by_name = self.device_model().by_name()
         for uid, other in checkpoint.claims.items():
             if uid == ref.uid:
@@ -529,7 +531,7 @@ class PrepareService:
                 if held.admin_access:
                     continue
                 held_device = by_name.get(held.device)
-                for alloc in allocations:
+                for alloc, config in zip(allocations, configs, strict=True):
                     if alloc.admin_access:
                         continue
                     clash = (
@@ -543,26 +545,15 @@ class PrepareService:
                             f"claim {ref}: requested device {alloc.device.name} is already allocated to "
                             f"different claim {other.ref} ({uid}) as {held.device}",
                         )
-
-    def _refuse_other_config(self, ref: ClaimRef, checkpoint: Checkpoint, entry: ClaimEntry) -> None:
-        """A device that several claims share gets one config: the GPU-wide settings of one (a time-slice
-        interval) would change those of the others. As NVIDIA's driver does, a claim whose config for a shared
-        device differs from that of a claim already holding it is refused."""
-        for mine in entry.devices:
-            if mine.config is None or mine.admin_access:  # admin access takes the device as it is
-                continue
-            for uid, other in checkpoint.claims.items():
-                if uid == ref.uid:
-                    continue
-                for held in other.devices:
-                    if held.device != mine.device or held.admin_access or held.config in (None, mine.config):
+                    theirs = held.config
+                    if alloc.device.name != held.device or config is None or theirs in (None, config):
                         continue
                     raise ClaimError(
                         "device_config_conflict",
-                        f"claim {ref}: requested device {mine.device} has conflicting configuration with "
-                        f"already prepared claim {other.ref} ({uid}): it has {_config_text(held.config)}, "
-                        f"this claim asks for {_config_text(mine.config)}; claims that share a device must "
-                        "give it the same config (or none)",
+                        f"claim {ref}: requested device {held.device} has conflicting configuration with "
+                        f"already prepared claim {other.ref} ({uid}): it has {_config_text(theirs)}, this "
+                        f"claim asks for {_config_text(config)}; claims that share a device must give it the "
+                        "same config (or none)",
                     )
 
     def _apply(
@@ -570,7 +561,7 @@ class PrepareService:
         ref: ClaimRef,
         progress: _Progress,
         allocations: Sequence[_Allocation],
-        groups: Sequence[tuple[object | None, list[int]]],
+        groups: Sequence[tuple[DeviceConfig | None, list[int]]],
     ) -> PrepareOutcome:
         group_edits: dict[int, CdiEdits] = {}
         created_mig: dict[str, MigInstance] = {}
