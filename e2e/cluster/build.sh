@@ -105,6 +105,15 @@ stamp_ok() { # name recipe binaries...
     for b in "$@"; do [[ -x "$BIN/$b" ]] || return 1; done
 }
 
+# dir_stamp_ok DIR RECIPE BINARIES...: the same for a component installed in a directory of its own (not a
+# Kubernetes version's bin dir), its stamp at DIR/.stamp.
+dir_stamp_ok() {
+    local dir="$1" recipe="$2"; shift 2
+    [[ -f "$dir/.stamp" && "$(cat "$dir/.stamp")" == "$recipe" ]] || return 1
+    local b
+    for b in "$@"; do [[ -x "$dir/$b" ]] || return 1; done
+}
+
 # locked NAME CMD...: runs CMD holding $CACHE/k8s/.lock-NAME. Several sessions may call build.sh at once: one
 # builds a component, the others wait for that component only and then find its stamp current.
 locked() {
@@ -309,8 +318,7 @@ build_helm() {
 NVCTK_DIR="$CACHE/nvidia-ctk/${NVIDIA_CONTAINER_TOOLKIT_VERSION:-unset}"
 build_nvidia_ctk() {
     local v="$NVIDIA_CONTAINER_TOOLKIT_VERSION" recipe="$NVIDIA_CONTAINER_TOOLKIT_VERSION ctk-cgo1 hook-cgo1-static"
-    if [[ -f "$NVCTK_DIR/.stamp" && "$(cat "$NVCTK_DIR/.stamp")" == "$recipe" && -x "$NVCTK_DIR/nvidia-ctk" \
-          && -x "$NVCTK_DIR/nvidia-cdi-hook" ]]; then
+    if dir_stamp_ok "$NVCTK_DIR" "$recipe" nvidia-ctk nvidia-cdi-hook; then
         log "nvidia-ctk $v up to date"; return 0
     fi
     log "nvidia-ctk, nvidia-cdi-hook $v ..."
@@ -337,8 +345,7 @@ build_nvidia_ctk() {
 EXAMPLE_DRIVER_DIR="$CACHE/dra-example-driver/${DRA_EXAMPLE_DRIVER_VERSION:-unset}"
 build_dra_example_driver() {
     local v="$DRA_EXAMPLE_DRIVER_VERSION" recipe="$DRA_EXAMPLE_DRIVER_VERSION kubeletplugin-cgo0"
-    if [[ -f "$EXAMPLE_DRIVER_DIR/.stamp" && "$(cat "$EXAMPLE_DRIVER_DIR/.stamp")" == "$recipe" \
-          && -x "$EXAMPLE_DRIVER_DIR/dra-example-kubeletplugin" ]]; then
+    if dir_stamp_ok "$EXAMPLE_DRIVER_DIR" "$recipe" dra-example-kubeletplugin; then
         log "dra-example-driver $v up to date"; return 0
     fi
     log "dra-example-driver $v ..."
