@@ -27,13 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from tests.plugin.kubelet_client import ClaimId, KubeletClient, get_info
-from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, Result, SimNode
+from tests.plugin.kubelet_client import ClaimId, KubeletClient
+from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, Result, SimNode, wait_for_socket
 from tests.support.control_plane import REPO_ROOT, ControlPlane, cache_dir, read_versions
 
 GOALS = "prepare p99 <= 1.0x Go; waves >= 0.8x Go; shared >= 50 claims/s; RSS <= 60 MB; start < 0.3 s"
 GO_DRIVER = "gpu.example.com"
 SHARE = {"memory": "4Gi", "compute": "10"}  # what each shared claim consumes, on both drivers
+POLL_S = 0.001  # the registration socket is polled every millisecond, for both plugins alike
 
 
 def _rss_mb(pid: int) -> float:
@@ -47,23 +48,6 @@ def _rss_mb(pid: int) -> float:
 def _percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
-
-
-def _wait_answering(socket: Path, proc: subprocess.Popen[bytes], log: Callable[[], str]) -> None:
-    """Until `socket` answers GetInfo, polled every millisecond for both plugins alike."""
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"plugin exited with {proc.returncode}:\n{log()}")
-        if socket.exists():
-            try:
-                get_info(socket, timeout=1.0)
-                return
-            except Exception:  # bound, not yet serving
-                pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"plugin not answering on {socket}:\n{log()}")
-        time.sleep(0.001)
 
 
 def _timed(call: Callable[[], Any]) -> float:
@@ -103,7 +87,7 @@ class _DraGpu:
     def start(self) -> float:
         started = time.perf_counter()
         process = self.process = PluginProcess(self.node, self.kubeconfig)
-        _wait_answering(self.registration_socket, process.proc, process.log_tail)
+        wait_for_socket(self.registration_socket, process.proc, process.log_tail, poll_s=POLL_S)
         return time.perf_counter() - started
 
     def pid(self) -> int:
@@ -167,8 +151,11 @@ class _GoExample:
         started = time.perf_counter()
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        _wait_answering(self.registration_socket, self.proc, lambda: self.log_path.read_text()[-3000:])
+        wait_for_socket(self.registration_socket, self.proc, self.log_tail, poll_s=POLL_S)
         return time.perf_counter() - started
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
 
     def pid(self) -> int:
         assert self.proc is not None

@@ -154,7 +154,7 @@ class PluginProcess:
         )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        wait_for_socket(self.node.registration_socket, self, timeout)
+        wait_for_socket(self.node.registration_socket, self.proc, self.log_tail, timeout)
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -174,21 +174,28 @@ class PluginProcess:
         return self.proc.returncode
 
 
-def wait_for_socket(registration_socket: Path, process: PluginProcess, timeout: float = 60.0) -> Any:
-    """Wait until the registration socket answers GetInfo; returns the PluginInfo."""
+def wait_for_socket(
+    registration_socket: Path,
+    proc: subprocess.Popen[bytes],
+    log_tail: Callable[[], str],
+    timeout: float = 60.0,
+    poll_s: float = 0.05,
+) -> Any:
+    """Wait until the registration socket of the plugin process `proc` (ours or another driver's) answers
+    GetInfo; returns the PluginInfo. `log_tail` says why when the process exits or never answers."""
     from tests.plugin.kubelet_client import get_info
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.proc.poll() is not None:
-            raise RuntimeError(f"plugin exited with {process.proc.returncode}:\n{process.log_tail()}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"plugin exited with {proc.returncode}:\n{log_tail()}")
         if registration_socket.exists():
             try:
                 return get_info(registration_socket, timeout=1.0)
-            except Exception:
+            except Exception:  # bound, not serving yet
                 pass
-        time.sleep(0.05)
-    raise TimeoutError(f"plugin not ready after {timeout}s:\n{process.log_tail()}")
+        time.sleep(poll_s)
+    raise TimeoutError(f"plugin not ready after {timeout}s:\n{log_tail()}")
 
 
 # ---------------------------------------------------------------------------------------------- claims

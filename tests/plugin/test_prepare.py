@@ -252,7 +252,7 @@ def test_rolling_update_mode_puts_the_uid_in_socket_names(
 ) -> None:
     process = start_plugin(wait=False, extra_args=["--plugin-uid", "pod-1234"])
     reg = node.registrar_dir / "gpu.nvidia.com-pod-1234-reg.sock"
-    info = wait_for_socket(reg, process)
+    info = wait_for_socket(reg, process.proc, process.log_tail)
     assert info.endpoint == str(node.plugin_dir / "dra-pod-1234.sock")
     assert not node.registration_socket.exists()
 
