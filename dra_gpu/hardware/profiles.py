@@ -4,9 +4,8 @@ Numbers come from the MIG tables in `docs`/`nvidia-conventions.md` §12 (NVIDIA 
 mig
 -lgip`/`-lgipp` outputs). Where that table marks a value unconfirmed we use the neighbouring part's value and
 say so
-next to it. H200-141GB uses NVIDIA's published H200 profile names and IDs with the H100 geometry; its GiB
-figures are
-derived from the 8-slice memory split (approximation).
+next to it. H200-141GB uses NVIDIA's published H200 profile names and IDs with the H100 geometry; its MIG
+memory sizes, like the H100 80GB's, are what NVML reported on a real card.
 
 Pure data and pure functions: no NVML, no files.
 """
@@ -209,7 +208,9 @@ H200_141GB = GpuProfile(
     nvlinks=18,
     mig_profiles=_hopper_profiles(
         ("1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
-        (16.62, 32.88, 32.88, 65.88, 139.62),  # approximation: 1/8, 2/8, 4/8 of the 7g figure
+        # NVML's sizes on a real H200 (driver 580.159.04, 2026-11-26): 16384, 33280, 33280, 71424 and
+        # 143360 MiB
+        (16.0, 32.5, 32.5, 69.75, 140.0),
     ),
 )
 
