@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from dra_gpu.hardware import profiles
+from dra_gpu.hardware.sim_tools.compiled import compiled_tool
 from dra_gpu.hardware.simulator.nvml import SimulatedNvml
 from dra_gpu.hardware.simulator.state import SimState, StateStore
 
@@ -85,13 +86,19 @@ def _write_if_changed(path: Path, text: str) -> None:
 def _write_shim(root: Path, tool: str, module: str) -> None:
     shim = root / "usr" / "bin" / tool
     shim.parent.mkdir(parents=True, exist_ok=True)
-    python = shlex.quote(sys.executable)
+    compiled = compiled_tool(tool)
+    if compiled is not None:
+        what = f"the compiled twin of dra_gpu.hardware.sim_tools.{module} (sim_tools/compiled.py)"
+        command = shlex.quote(str(compiled))
+    else:
+        what = f"dra_gpu.hardware.sim_tools.{module}"
+        command = f"{shlex.quote(sys.executable)} -m dra_gpu.hardware.sim_tools.{module}"
     text = (
         "#!/bin/sh\n"
-        f"# simulated {tool}: runs dra_gpu.hardware.sim_tools.{module} against this driver root\n"
+        f"# simulated {tool}: runs {what} against this driver root\n"
         f'DRA_GPU_SIM_ROOT="${{DRA_GPU_SIM_ROOT:-{shlex.quote(str(root))}}}"\n'
         "export DRA_GPU_SIM_ROOT\n"
-        f'exec {python} -m dra_gpu.hardware.sim_tools.{module} "$@"\n'
+        f'exec {command} "$@"\n'
     )
     _write_if_changed(shim, text)
     shim.chmod(0o755)

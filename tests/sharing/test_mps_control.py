@@ -1,4 +1,8 @@
-"""The fake nvidia-cuda-mps-control itself: daemon mode, client mode, validation, state records."""
+"""The fake nvidia-cuda-mps-control itself: daemon mode, client mode, validation, state records.
+
+Every test runs against both implementations: the Python reference (sim_tools/mps_control.py) and its compiled
+twin (sim_tools/mps_control.go), which the simulated driver roots use when Go can build it.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,25 @@ from pathlib import Path
 
 import pytest
 from sim_node import SimNode, pid_alive
+
+from dra_gpu.hardware.sim_tools.compiled import ENV, CompiledToolError, compiled_tool
+
+
+@pytest.fixture(autouse=True, params=["python", "compiled"])
+def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which tool the node's driver root gets (autouse fixtures come before `node`, which writes the shim)."""
+    monkeypatch.setenv(ENV, request.param)
+    if request.param == "compiled":
+        try:
+            compiled_tool("nvidia-cuda-mps-control")
+        except CompiledToolError as err:
+            pytest.skip(f"no compiled simulated tool here: {err}")
+    return str(request.param)
+
+
+def test_the_shim_runs_the_chosen_implementation(node: SimNode, implementation: str) -> None:
+    shim = (node.root / "usr" / "bin" / "nvidia-cuda-mps-control").read_text()
+    assert ("-m dra_gpu.hardware.sim_tools.mps_control" in shim) == (implementation == "python")
 
 
 @pytest.fixture
@@ -154,6 +177,38 @@ def test_the_daemon_serves_one_control_session_at_a_time(node: SimNode, env: dic
         deadline = time.monotonic() + 10
         while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
+        import shutil
+
+        shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)
+
+
+def test_a_foreground_multi_user_daemon_stops_cleanly_on_sigterm(node: SimNode, env: dict[str, str]) -> None:
+    """`-f` is how a daemon runs in its own pod: SIGTERM (the pod deleted) ends it as `quit` does, with its
+    socket and pid file removed and the state record closed; `-M` (multi-user) is recorded."""
+    pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+    binary = node.root / "usr" / "bin" / "nvidia-cuda-mps-control"
+    daemon = subprocess.Popen([str(binary), "-f", "-M"], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while not (pipe / "nvidia-cuda-mps-control.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        done = control(node, env, stdin="sim_get_visible_devices\nset_default_device_pinned_mem_limit 0 0M\n")
+        assert done.stdout == f'["{node.uuid()}"]\n'
+        assert done.stderr == "ERROR: invalid pinned memory limit '0M': expected <N>M or <N>G, N > 0\n"
+        record = node.mps_records()[str(pipe)]
+        assert record["running"] is True and record["multi_user"] is True and record["pid"] == daemon.pid
+        daemon.terminate()
+        assert daemon.wait(10) == 0
+        assert not (pipe / "control").exists() and not (pipe / "nvidia-cuda-mps-control.pid").exists()
+        record = node.mps_records()[str(pipe)]
+        assert record["running"] is False and record["stopped"] >= record["started"]
+        assert [c["command"] for c in record["commands"]] == [
+            "sim_get_visible_devices",
+            "set_default_device_pinned_mem_limit 0 0M",
+        ]
+    finally:
+        daemon.kill()
+        daemon.wait(10)
         import shutil
 
         shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)
