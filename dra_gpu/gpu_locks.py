@@ -7,14 +7,20 @@ other in a circle. Node-wide work (start-up cleanup, reading which MIG instances
 hardware is discovered) takes `node()`, which waits until every GPU section has ended and holds new ones back
 meanwhile, so it is never starved.
 
-Both levels are re-entrant within a thread: the prepare service holds a claim's GPUs and the sharing manager
-takes the same ones again; a thread inside `node()` may enter any GPU section. The reverse (asking for the
-node while holding a GPU) would wait for itself and is refused.
+A GPU is held exclusively by default. Work that changes nothing GPU-wide (a fractional share's own MPS daemon:
+no compute mode, no time slice, no MIG change) holds it shared (`gpus(..., shared=...)`): shares of one GPU
+are prepared side by side, while anything that changes the GPU waits for them and they for it. A waiting
+exclusive holder keeps new shared ones back, so it is never starved. Two calls for one claim take turns on the
+claim's own lock (`claim(uid)`), taken before its GPUs.
+
+Both levels are re-entrant within a thread, and the outermost section decides the mode: the prepare service
+holds a claim's GPUs and the sharing manager takes the same ones again; a thread inside `node()` may enter any
+GPU section. The reverse (asking for the node while holding a GPU) would wait for itself and is refused.
 
 Across processes (a second plugin instance during a rolling update) the same structure is kept with `flock`
 files in `directory`: `node.lock`, shared by GPU sections and exclusive for `node()`, and one
-`gpu-<uuid>.lock` per GPU. Only a thread's outermost section touches the files (a second descriptor of the
-same file would conflict with the first).
+`gpu-<uuid>.lock` per GPU, exclusive (the shared sections of one process hold it together). Only a thread's
+outermost section touches the files (a second descriptor of the same file would conflict with the first).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from dra_gpu.file_lock import FileLockTimeoutError, lock_fd, open_lock_file, unlock_and_close
 
@@ -47,6 +54,49 @@ class _ThreadState(threading.local):
         self.gpus: Counter[str] = Counter()
 
 
+class _GpuLock:
+    """One GPU's in-process lock: any number of shared holders, or one exclusive holder. Re-entry is handled
+    above it (a thread's depth per GPU), so each thread acquires it at most once."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._exclusive_waiting = 0
+        # The GPU's lock file, held exclusively for all of this process's shared holders together: another
+        # plugin process stays out of the GPU while any of them is in (as it did when they took turns).
+        self.file_mutex = threading.Lock()
+        self.shared_fd: int | None = None
+        self.shared_fd_users = 0
+
+    def acquire(self, *, exclusive: bool, timeout: float) -> bool:
+        with self._cond:
+            if not exclusive:
+                free = self._cond.wait_for(
+                    lambda: not self._exclusive and not self._exclusive_waiting, timeout
+                )
+                self._shared += free
+                return free
+            self._exclusive_waiting += 1
+            try:
+                free = self._cond.wait_for(lambda: not self._exclusive and not self._shared, timeout)
+            finally:
+                self._exclusive_waiting -= 1
+            if free:
+                self._exclusive = True
+            else:
+                self._cond.notify_all()  # shared holders held back by this wait may go on
+            return free
+
+    def release(self, *, exclusive: bool) -> None:
+        with self._cond:
+            if exclusive:
+                self._exclusive = False
+            else:
+                self._shared -= 1
+            self._cond.notify_all()
+
+
 class GpuLocks:
     def __init__(
         self,
@@ -62,20 +112,24 @@ class GpuLocks:
         self._node_owner: int | None = None
         self._node_waiting = 0
         self._sharers = 0  # threads inside at least one GPU section
-        self._gpu_locks: dict[str, threading.RLock] = {}
+        self._gpu_locks: dict[str, _GpuLock] = {}
+        self._claim_locks: dict[str, list[Any]] = {}  # uid -> [RLock, users]
         self._mine = _ThreadState()
 
     # ---- GPU sections ------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def gpus(self, keys: Iterable[str]) -> Iterator[None]:
-        """Hold the locks of these GPUs (UUIDs; any stable name for a device without one) for the block.
+    def gpus(self, keys: Iterable[str], *, shared: Iterable[str] = ()) -> Iterator[None]:
+        """Hold the locks of these GPUs (UUIDs; any stable name for a device without one) for the block:
+        `keys` exclusively, `shared` shared (a key in both is held exclusively).
         Raises GpuLockTimeoutError."""
         deadline = time.monotonic() + self._timeout_s
+        exclusive = set(keys)
+        modes = {key: True for key in exclusive} | {key: False for key in set(shared) - exclusive}
         with contextlib.ExitStack() as stack:
             stack.enter_context(self._shared(deadline))
-            for key in sorted(set(keys)):
-                stack.enter_context(self._gpu(key, deadline))
+            for key in sorted(modes):
+                stack.enter_context(self._gpu(key, deadline, exclusive=modes[key]))
             yield
 
     @contextlib.contextmanager
@@ -106,26 +160,68 @@ class GpuLocks:
                     self._cond.notify_all()
 
     @contextlib.contextmanager
-    def _gpu(self, key: str, deadline: float) -> Iterator[None]:
-        with self._cond:
-            lock = self._gpu_locks.setdefault(key, threading.RLock())
-        if not lock.acquire(timeout=_left(deadline)):
-            raise GpuLockTimeoutError(f"GPU {key}: waited {self._timeout_s}s behind another claim of it")
+    def _gpu(self, key: str, deadline: float, *, exclusive: bool) -> Iterator[None]:
         mine = self._mine
-        outermost = mine.gpus[key] == 0 and mine.node_depth == 0
-        mine.gpus[key] += 1
+        if mine.gpus[key]:  # re-entered: the outermost section's mode holds
+            mine.gpus[key] += 1
+            try:
+                yield
+            finally:
+                mine.gpus[key] -= 1
+            return
+        with self._cond:
+            lock = self._gpu_locks.setdefault(key, _GpuLock())
+        if not lock.acquire(exclusive=exclusive, timeout=_left(deadline)):
+            raise GpuLockTimeoutError(f"GPU {key}: waited {self._timeout_s}s behind another claim of it")
+        mine.gpus[key] = 1
         fd: int | None = None
+        joined = False
         try:
-            if outermost:
-                fd = self._file_lock(f"gpu-{_UNSAFE.sub('_', key)}.lock", exclusive=True)
+            if mine.node_depth == 0 and exclusive:
+                fd = self._file_lock(_gpu_file(key), exclusive=True)
+            elif mine.node_depth == 0:
+                with lock.file_mutex:
+                    if not lock.shared_fd_users:
+                        lock.shared_fd = self._file_lock(_gpu_file(key), exclusive=True)
+                    lock.shared_fd_users += 1
+                    joined = True
             yield
         finally:
             if fd is not None:
                 unlock_and_close(fd)
-            mine.gpus[key] -= 1
-            if not mine.gpus[key]:
-                del mine.gpus[key]
-            lock.release()
+            if joined:
+                with lock.file_mutex:
+                    lock.shared_fd_users -= 1
+                    if not lock.shared_fd_users and lock.shared_fd is not None:
+                        unlock_and_close(lock.shared_fd)
+                        lock.shared_fd = None
+            del mine.gpus[key]
+            lock.release(exclusive=exclusive)
+
+    # ---- one claim ---------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def claim(self, uid: str) -> Iterator[None]:
+        """One operation on a claim at a time in this process (re-entrant). Taken before its GPUs: shares of
+        one GPU hold it side by side, so two calls for the same claim (a kubelet retry beside the first
+        attempt, a stale-claim cleanup) need this to take turns. Another plugin process is kept out by the
+        GPU's lock file. Raises GpuLockTimeoutError."""
+        with self._cond:
+            entry = self._claim_locks.setdefault(uid, [threading.RLock(), 0])
+            entry[1] += 1
+        try:
+            if not entry[0].acquire(timeout=self._timeout_s):
+                waited = f"waited {self._timeout_s}s behind another call for it"
+                raise GpuLockTimeoutError(f"claim {uid}: {waited}")
+            try:
+                yield
+            finally:
+                entry[0].release()
+        finally:
+            with self._cond:
+                entry[1] -= 1
+                if not entry[1]:
+                    del self._claim_locks[uid]
 
     # ---- node-wide section -------------------------------------------------------------------------------
 
@@ -187,6 +283,10 @@ class GpuLocks:
                 f"{path}: held by another plugin instance for more than {self._file_timeout_s}s"
             ) from None
         return fd
+
+
+def _gpu_file(key: str) -> str:
+    return f"gpu-{_UNSAFE.sub('_', key)}.lock"
 
 
 def _left(deadline: float) -> float:

@@ -1,5 +1,6 @@
-"""GPU locks: different GPUs at once, one GPU one at a time, the node-wide section above both, re-entrancy,
-and the same exclusion against a second plugin process through the lock files."""
+"""GPU locks: different GPUs at once, one GPU one at a time (or shared by work that changes nothing GPU-wide),
+the node-wide section above both, re-entrancy, and the same exclusion against a second plugin process through
+the lock files."""
 
 from __future__ import annotations
 
@@ -53,6 +54,66 @@ def test_a_gpu_held_by_one_claim_makes_another_wait_and_time_out(tmp_path: Path)
     thread.join()
     with locks.gpus(["GPU-b"]):
         pass
+
+
+def test_shared_sections_of_one_gpu_run_together_and_exclude_an_exclusive_one(tmp_path: Path) -> None:
+    """Fractional shares of one GPU are prepared side by side; a claim that changes the GPU waits for them,
+    and once it waits, new shares wait behind it (it is not starved)."""
+    locks = GpuLocks(tmp_path, timeout_s=0.3)
+    inside = threading.Barrier(3, timeout=5)  # breaks unless both shared holders are inside together
+    release = threading.Event()
+
+    def share() -> None:
+        with locks.gpus([], shared=["GPU-a"]):
+            inside.wait()
+            release.wait(5)
+
+    threads = [_in_thread(share) for _ in range(2)]
+    inside.wait()
+    assert not inside.broken
+    with pytest.raises(GpuLockTimeoutError, match=r"GPU GPU-a: waited 0\.3s"), locks.gpus(["GPU-a"]):
+        pass
+    with pytest.raises(GpuLockTimeoutError), locks.gpus(["GPU-a"], shared=["GPU-a"]):  # both ways: exclusive
+        pass
+    release.set()
+    for thread in threads:
+        thread.join()
+
+    locks = GpuLocks(tmp_path, timeout_s=10)
+    exclusive_in, exclusive_out = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def change_gpu() -> None:
+        with locks.gpus(["GPU-a"]):
+            exclusive_in.set()
+            order.append("exclusive")
+            exclusive_out.wait(5)
+
+    holder = threading.Event()
+
+    def early_share() -> None:
+        with locks.gpus([], shared=["GPU-a"]):
+            holder.set()
+            exclusive_out.wait(0.2)  # still inside when the exclusive one starts to wait
+            order.append("early share")
+
+    first = _in_thread(early_share)
+    assert holder.wait(5)
+    writer = _in_thread(change_gpu)
+    while not locks._gpu_locks["GPU-a"]._exclusive_waiting:  # the exclusive one waits
+        threading.Event().wait(0.005)
+
+    def late_share() -> None:
+        with locks.gpus([], shared=["GPU-a"]):
+            order.append("late share")
+
+    late = _in_thread(late_share)
+    first.join()
+    assert exclusive_in.wait(5)
+    exclusive_out.set()
+    writer.join()
+    late.join()
+    assert order == ["early share", "exclusive", "late share"]
 
 
 def test_node_section_waits_for_gpu_sections_and_holds_new_ones_back(tmp_path: Path) -> None:
@@ -122,6 +183,11 @@ def test_another_plugin_process_holding_a_gpu_excludes_it_here(tmp_path: Path) -
             locks.gpus(["GPU-a"]),
         ):
             pass
+        with (
+            pytest.raises(GpuLockTimeoutError, match=r"gpu-GPU-a\.lock: held by another plugin instance"),
+            locks.gpus([], shared=["GPU-a"]),  # a share too: the other process has the GPU
+        ):
+            pass
         with locks.gpus(["GPU-b"]):  # its other GPUs are free
             pass
         with (
@@ -134,3 +200,28 @@ def test_another_plugin_process_holding_a_gpu_excludes_it_here(tmp_path: Path) -
         other.wait()
     with locks.gpus(["GPU-a"]), GpuLocks(tmp_path).gpus(["GPU-b"]):
         pass
+
+
+def test_calls_for_one_claim_take_turns_and_leave_nothing_behind(tmp_path: Path) -> None:
+    """Shares of a GPU hold it side by side, so two calls for one claim are kept apart by the claim's own lock
+    (re-entrant); other claims go on meanwhile; a finished claim leaves no lock behind."""
+    locks = GpuLocks(tmp_path, timeout_s=0.2)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with locks.claim("uid-1"), locks.claim("uid-1"):
+            held.set()
+            release.wait(5)
+
+    thread = _in_thread(hold)
+    assert held.wait(5)
+    with pytest.raises(GpuLockTimeoutError, match=r"claim uid-1: waited 0\.2s"), locks.claim("uid-1"):
+        pass
+    with locks.claim("uid-2"):
+        pass
+    release.set()
+    thread.join()
+    with locks.claim("uid-1"):
+        pass
+    assert locks._claim_locks == {}
+

@@ -259,7 +259,8 @@ class PrepareService:
                 continue  # the same claim twice in one batch: one answer
             started = time.perf_counter()
             try:
-                outcomes[ref.uid] = self._prepare_claim(ref)
+                with self._claim_locked(ref):
+                    outcomes[ref.uid] = self._prepare_claim(ref)
                 self.metrics.claims.labels("prepare", "ok").inc()
             except ClaimError as exc:
                 log.warning("prepare failed", claim=str(ref), reason=exc.reason, error=str(exc))
@@ -287,23 +288,48 @@ class PrepareService:
             yield
 
     @contextlib.contextmanager
-    def _gpus_locked(self, ref: ClaimRef, keys: Iterable[str]) -> Iterator[None]:
-        """The locks of the GPUs a claim touches, for the whole prepare or unprepare of it."""
+    def _claim_locked(self, ref: ClaimRef) -> Iterator[None]:
+        """One call for this claim at a time, before its GPUs are locked (see GpuLocks.claim)."""
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.locks.claim(ref.uid))
+            except GpuLockTimeoutError as exc:
+                raise ClaimError("lock_acquire", f"claim {ref}: {exc}") from exc
+            yield
+
+    @contextlib.contextmanager
+    def _gpus_locked(self, ref: ClaimRef, keys: Iterable[str], shared: Iterable[str] = ()) -> Iterator[None]:
+        """The locks of the GPUs a claim touches, for the whole prepare or unprepare of it: `keys` alone,
+        `shared` side by side with other fractional shares of them (see GpuLocks)."""
         with contextlib.ExitStack() as stack:
             started = time.perf_counter()
             try:
-                stack.enter_context(self.locks.gpus(keys))
+                stack.enter_context(self.locks.gpus(keys, shared=shared))
             except GpuLockTimeoutError as exc:
                 raise ClaimError("lock_acquire", f"claim {ref}: {exc}") from exc
             finally:
                 self.metrics.lock_wait.observe(time.perf_counter() - started)
             yield
 
-    def _gpu_keys(self, entry: ClaimEntry) -> set[str]:
-        """The lock keys of a checkpointed claim's devices: their physical GPUs, as a prepare takes them from
-        its allocation (a device the node no longer has: its name)."""
+    def _gpu_keys(self, entry: ClaimEntry) -> tuple[set[str], set[str]]:
+        """The lock keys of a checkpointed claim's devices, (exclusive, shared): their physical GPUs, as a
+        prepare takes them from its allocation (a device the node no longer has: its name, exclusive)."""
         by_name = self.device_model().by_name()
-        return {by_name[d.device].parent_uuid if d.device in by_name else d.device for d in entry.devices}
+        # A share prepared before shares had their own daemons joined a per-GPU one: undoing it changes that.
+        legacy = any(
+            g.state.get("sharedMps") and not g.state["sharedMps"].get("ownDaemon") for g in entry.groups
+        )
+        exclusive: set[str] = set()
+        shared: set[str] = set()
+        for d in entry.devices:
+            device = by_name.get(d.device)
+            if device is None:
+                exclusive.add(d.device)
+            elif device.kind is DeviceKind.GPU_SHARE and not legacy:
+                shared.add(device.parent_uuid)
+            else:
+                exclusive.add(device.parent_uuid)
+        return exclusive, shared - exclusive
 
     def _entry(self, ref: ClaimRef) -> ClaimEntry | None:
         """This claim's entry, a copy of its own (the sharing manager may change group states in place)."""
@@ -325,7 +351,7 @@ class PrepareService:
         claim was unprepared meanwhile."""
         if self.cdi.has_spec(ref.uid):
             return _answer_from_entry(entry)
-        with self._gpus_locked(ref, self._gpu_keys(entry)):
+        with self._gpus_locked(ref, *self._gpu_keys(entry)):
             current = self._entry(ref)
             if current is None or current.phase is not ClaimPhase.PREPARE_COMPLETED:
                 return None
@@ -393,10 +419,13 @@ class PrepareService:
         allocations, raw_configs = self._our_allocations(ref, claim)
         groups = self._resolve(ref, allocations, raw_configs)
         configs = _shared_device_configs(allocations, groups)
-        keys = {a.device.parent_uuid for a in allocations}
+        # A fractional share changes nothing GPU-wide: shares of one GPU are prepared side by side.
+        keys = {a.device.parent_uuid for a in allocations if a.device.kind is not DeviceKind.GPU_SHARE}
+        shared = {a.device.parent_uuid for a in allocations if a.device.kind is DeviceKind.GPU_SHARE}
         if left is not None:  # the same UID has the same allocation, but a leftover's devices count too
-            keys |= self._gpu_keys(left)
-        with self._gpus_locked(ref, keys):
+            left_keys, left_shared = self._gpu_keys(left)
+            keys, shared = keys | left_keys, shared | left_shared
+        with self._gpus_locked(ref, keys, shared - keys):
             entry = self._entry(ref)
             if entry is not None and entry.phase is ClaimPhase.PREPARE_COMPLETED:
                 return _answer_from_entry(entry)  # a concurrent call finished it meanwhile
@@ -728,7 +757,8 @@ class PrepareService:
                 continue
             started = time.perf_counter()
             try:
-                self._unprepare_claim(ref)
+                with self._claim_locked(ref):
+                    self._unprepare_claim(ref)
                 errors[ref.uid] = ""
                 self.metrics.claims.labels("unprepare", "ok").inc()
             except ClaimError as exc:
@@ -754,7 +784,7 @@ class PrepareService:
                 # `PrepareStarted` update, so this never removes the spec of a prepare running meanwhile.
                 self.cdi.remove(ref.uid)
                 return
-        with self._gpus_locked(ref, self._gpu_keys(entry)):
+        with self._gpus_locked(ref, *self._gpu_keys(entry)):
             entry = self._entry(ref)  # a concurrent call for the same claim may have finished meanwhile
             if entry is None:
                 return
@@ -838,7 +868,7 @@ class PrepareService:
             if claim is not None and claim.get("metadata", {}).get("uid") == entry.uid:
                 continue
             try:
-                with self._gpus_locked(ref, self._gpu_keys(entry)):
+                with self._claim_locked(ref), self._gpus_locked(ref, *self._gpu_keys(entry)):
                     current = self._entry(ref)
                     if current is None or current.phase is not ClaimPhase.PREPARE_STARTED:
                         continue

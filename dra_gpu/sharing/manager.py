@@ -162,7 +162,13 @@ class HardwareSharingManager:
     def prepare_group(
         self, claim_uid: str, config: object | None, devices: Sequence[AllocatedDevice]
     ) -> GroupResult:
-        with self._locks.gpus(d.device.parent_uuid for d in devices):
+        shares = [d for d in devices if d.device.kind is DeviceKind.GPU_SHARE]
+        others = [d for d in devices if d.device.kind is not DeviceKind.GPU_SHARE]
+        # A fractional share changes nothing GPU-wide (its own daemon, no compute mode): shares of one GPU go
+        # side by side; anything else holds its GPU alone.
+        with self._locks.gpus(
+            (d.device.parent_uuid for d in others), shared=(d.device.parent_uuid for d in shares)
+        ):
             dynamic = any(d.device.kind is DeviceKind.MIG_DYNAMIC for d in devices)
             try:
                 gpus = self._gpu_facts(refresh=dynamic)
@@ -296,7 +302,9 @@ class HardwareSharingManager:
     # ---- unprepare -----------------------------------------------------------------------------------------
 
     def unprepare_group(self, claim_uid: str, state: Mapping[str, Any]) -> None:
-        with self._locks.gpus(self._gpus_of_state(state)):
+        gpus = self._gpus_of_state(state)
+        only_shares = _changes_nothing_gpu_wide(state)
+        with self._locks.gpus(() if only_shares else gpus, shared=gpus if only_shares else ()):
             problems = self._undo(claim_uid, state)
             if state.get("migCreated"):
                 self._mig_changed()
@@ -426,6 +434,8 @@ class HardwareSharingManager:
         for state in owned_states:
             if state.get("mpsDaemon"):
                 # Only this daemon's GPUs wait: a restart that takes its ready timeout holds back no other.
+                # Exclusive, also for a share's own daemon: its claim's unprepare (which holds the GPU shared)
+                # must not find its daemon restarted behind its back.
                 with self._locks.gpus(self._gpus_of(state["mpsDaemon"])):
                     self._reconcile_one(self._mps.latest(state["mpsDaemon"]), report)
         if not self._node_work_pending():
@@ -521,3 +531,17 @@ def plan_for(
 ) -> SharingPlan:
     """The checked plan without executing it (for `dra-gpu explain`-style tools and tests)."""
     return build_plan(config, devices, gpus)
+
+
+def _changes_nothing_gpu_wide(state: Mapping[str, Any]) -> bool:
+    """A prepared group whose undo touches nothing other claims of its GPU rely on: a fractional share with
+    its own MPS daemon, which left the compute mode alone. Its undo holds the GPU shared (see GpuLocks)."""
+    shared = state.get("sharedMps")
+    daemon = state.get("mpsDaemon") or {}
+    return bool(
+        shared
+        and shared.get("ownDaemon")
+        and not state.get("migCreated")
+        and not state.get("timeSlice")
+        and not daemon.get("computeModes")
+    )

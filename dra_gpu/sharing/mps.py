@@ -592,6 +592,11 @@ def _shm_size() -> str:
 
 def _is_mount_point(path: Path) -> bool:
     target = os.path.realpath(path)
+    # A tmpfs has its own device, which stat shows whatever else is mounted meanwhile; mountinfo, read while
+    # other shares mount and unmount theirs, can miss a line. It is the fallback for a mount of the same file
+    # system (a bind mount), which stat cannot tell.
+    if os.path.ismount(target):
+        return True
     try:
         with open("/proc/self/mountinfo", encoding="utf-8") as info:
             for line in info:

@@ -3,6 +3,7 @@ and contended devices: no unexpected error, identical answers for a shared claim
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -132,3 +133,63 @@ def test_prepares_on_one_gpu_take_turns(
     assert "gave up waiting at step prepare-started for 2 calls" in log, log
     assert "calls met" not in log
     assert len(node.mig_instances()) == 2
+
+
+def _share(claims: ClaimFactory, gpu: int, index: int) -> ClaimId:
+    consumed = {"memory": "8Gi", "compute": "10"}
+    share_id = str(uuid.UUID(int=gpu << 8 | index + 1))
+    name, uid = claims.make(NS, [Result("gpu", f"gpu-{gpu}-shared", share_id=share_id, consumed=consumed)])
+    return ClaimId(NS, uid, name)
+
+
+def test_fractional_shares_of_one_gpu_are_prepared_side_by_side(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """A share starts its own MPS daemon and changes nothing GPU-wide, so shares of one GPU hold it shared:
+    four of gpu-0 are inside their prepare together, and each got its own daemon with its own limits."""
+    plugin = start_plugin(
+        env={"DRA_GPU_FAULT_MEET_AT": "prepare-started:4", "DRA_GPU_FAULT_MEET_TIMEOUT_S": "30"}
+    )
+    kubelet = KubeletClient(node.registration_socket)
+    shares = [_share(claims, 0, i) for i in range(4)]
+    _prepare_together(kubelet, shares)
+    log = plugin.log_tail(400)
+    assert "4 calls met at step prepare-started" in log, log
+    running = [r for r in node.sim_state().mps.values() if r.get("running")]
+    assert len(running) == 4 and {r["default_active_thread_percentage"] for r in running} == {10}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        undone = list(pool.map(lambda c: kubelet.unprepare([c]), shares))
+    assert all(r.claims[c.uid].error == "" for r, c in zip(undone, shares, strict=True))
+    assert not [r for r in node.sim_state().mps.values() if r.get("running")]
+    kubelet.close()
+
+
+
+def test_repeated_calls_for_shares_of_one_gpu_each_get_one_daemon(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """Shares of a GPU hold it side by side, so repeats of one share claim (a kubelet retry beside the first
+    call) would meet inside it: the claim's own lock makes them take turns. Every repeat gets the same answer,
+    each claim has exactly one daemon, and repeated unprepares leave nothing behind."""
+    start_plugin()
+    kubelet = KubeletClient(node.registration_socket)
+    shares = [_share(claims, 2, i) for i in range(3)]
+    calls = shares * 4
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        responses = list(pool.map(lambda c: kubelet.prepare([c]), calls))
+    answers: dict[str, set[tuple[str, ...]]] = {}
+    for claim, response in zip(calls, responses, strict=True):
+        assert response.claims[claim.uid].error == "", response.claims[claim.uid].error
+        answers.setdefault(claim.uid, set()).add(tuple(devices_of(response, claim.uid)))
+    assert all(len(a) == 1 for a in answers.values())
+    running = [r for r in node.sim_state().mps.values() if r.get("running")]
+    assert len(running) == 3 and len({r["pid"] for r in running}) == 3
+    daemons = {uid: [g["state"]["mpsDaemon"]["pipeDir"] for g in e["groups"]]
+               for uid, e in node.checkpoint()["claims"].items()}  # fmt: skip
+    assert sorted(p for dirs in daemons.values() for p in dirs) == sorted(r["pipe_dir"] for r in running)
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        undone = list(pool.map(lambda c: kubelet.unprepare([c]), shares * 2))
+    assert all(r.claims[c.uid].error == "" for r, c in zip(undone, shares * 2, strict=True))
+    assert not [r for r in node.sim_state().mps.values() if r.get("running")]
+    assert node.checkpoint()["claims"] == {} and node.cdi_files() == []
+    kubelet.close()
