@@ -177,10 +177,10 @@ def test_repeated_calls_for_shares_of_one_gpu_each_get_one_daemon(
     calls = shares * 4
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         responses = list(pool.map(lambda c: kubelet.prepare([c]), calls))
-    answers: dict[str, set[tuple[str, ...]]] = {}
+    answers: dict[str, set[str]] = {}
     for claim, response in zip(calls, responses, strict=True):
         assert response.claims[claim.uid].error == "", response.claims[claim.uid].error
-        answers.setdefault(claim.uid, set()).add(tuple(devices_of(response, claim.uid)))
+        answers.setdefault(claim.uid, set()).add(repr(devices_of(response, claim.uid)))
     assert all(len(a) == 1 for a in answers.values())
     running = [r for r in node.sim_state().mps.values() if r.get("running")]
     assert len(running) == 3 and len({r["pid"] for r in running}) == 3
