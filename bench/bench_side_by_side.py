@@ -12,8 +12,8 @@ What "shared" means differs by driver, and the table says so: for dra-gpu a cons
 capacity on its `gpu-N` devices published with `--gpu-allow-multiple-allocations` (it writes a CDI spec and
 nothing else). The Go client's API rate limit is raised (our client has none), as in the issue's measurement.
 
-Then the profile behind the start and memory rows: what dra-gpu's plugin imports before it serves, step by step,
-with each step's time and VmRSS growth in a fresh interpreter (`startup_profile`).
+Then the profile behind the start and memory rows: what dra-gpu's plugin imports before it serves, step by
+step, with each step's time and VmRSS growth in a fresh interpreter (`startup_profile`).
 """
 
 from __future__ import annotations
