@@ -30,7 +30,7 @@ import enum
 import json
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -130,13 +130,16 @@ class PreparedGroup:
     cdi_edits: Mapping[str, Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> JsonDict:
+    def to_json(self, *, detached: bool = True) -> JsonDict:
+        """The group as JSON; `detached=False` shares the nested state instead of copying it, for a caller
+        that only encodes the result (the checkpoint write, three per prepare)."""
+        same: Callable[[Any], Any] = copy.deepcopy if detached else _unchanged
         out: JsonDict = dict(self.extra)
-        out.update(devices=list(self.devices), state=copy.deepcopy(dict(self.state)))
+        out.update(devices=list(self.devices), state=same(dict(self.state)))
         if self.mig_instances:
-            out["migInstances"] = copy.deepcopy({k: dict(v) for k, v in self.mig_instances.items()})
+            out["migInstances"] = same({k: dict(v) for k, v in self.mig_instances.items()})
         if self.cdi_edits is not None:
-            out["cdiEdits"] = copy.deepcopy(dict(self.cdi_edits))
+            out["cdiEdits"] = same(dict(self.cdi_edits))
         return out
 
     @classmethod
@@ -165,14 +168,14 @@ class ClaimEntry:
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
-    def to_json(self) -> JsonDict:
+    def to_json(self, *, detached: bool = True) -> JsonDict:
         out: JsonDict = dict(self.extra)
         out.update(
             namespace=self.namespace,
             name=self.name,
             checkpointState=self.phase.value,
             devices=[d.to_json() for d in self.devices],
-            groups=[g.to_json() for g in self.groups],
+            groups=[g.to_json(detached=detached) for g in self.groups],
         )
         return out
 
@@ -198,13 +201,13 @@ class Checkpoint:
     previous_boot_claims: dict[str, ClaimEntry] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> JsonDict:
+    def to_json(self, *, detached: bool = True) -> JsonDict:
         out: JsonDict = dict(self.extra)
         out.update(
             apiVersion=API_VERSION,
             kind=KIND,
             bootID=self.boot_id,
-            claims={uid: entry.to_json() for uid, entry in sorted(self.claims.items())},
+            claims={uid: entry.to_json(detached=detached) for uid, entry in sorted(self.claims.items())},
         )
         return out
 
@@ -355,7 +358,10 @@ class CheckpointStore:
         of a prepare in progress, which only a process crash (not a power loss) can leave behind."""
         # Compact: without `indent` the json module encodes in C, several times faster than its Python
         # encoder, and a prepare writes the whole file three times (`jq . checkpoint.json` to read it).
-        data = (json.dumps(checkpoint.to_json(), separators=(",", ":"), sort_keys=True) + "\n").encode()
+        # Not detached: json's C encoder reads the shared state without releasing the GIL, so no other thread
+        # changes it meanwhile (a deep copy, Python code, could be interrupted halfway).
+        wire = checkpoint.to_json(detached=False)
+        data = (json.dumps(wire, separators=(",", ":"), sort_keys=True) + "\n").encode()
         self._last = None
         atomic_write(self.path, data, error=CheckpointWriteError, durable=durable)
         try:  # under the lock: nobody else can have replaced it since
@@ -378,3 +384,8 @@ def _copy(checkpoint: Checkpoint) -> Checkpoint:
         previous_boot_claims=dict(checkpoint.previous_boot_claims),
         extra=copy.deepcopy(checkpoint.extra),
     )
+
+
+def _unchanged(value: Any) -> Any:
+    return value
+

@@ -246,3 +246,18 @@ def test_group_cdi_edits_are_optional_for_entries_written_before_them() -> None:
     old = ClaimEntry.from_json("u1", raw)
     assert old.groups[0].cdi_edits is None
     assert "cdiEdits" not in old.to_json()["groups"][0]
+
+
+def test_the_written_file_is_the_detached_json_and_to_json_copies_by_default(tmp_path: Path) -> None:
+    """The write encodes the entries' state without copying it first; what lands in the file is what the
+    detached form says, and a caller of to_json() still gets state it may change freely."""
+    store = CheckpointStore(tmp_path, boot_id="b")
+    checkpoint = Checkpoint(boot_id="b", claims={"u1": entry("u1"), "u2": entry("u2")})
+    with store.locked():
+        store.write(checkpoint)
+    assert json.loads(store.path.read_text()) == checkpoint.to_json()
+    doc = checkpoint.to_json()
+    doc["claims"]["u1"]["groups"][0]["state"]["changed"] = True
+    assert "changed" not in checkpoint.claims["u1"].groups[0].state
+    shared = checkpoint.to_json(detached=False)
+    assert shared["claims"]["u1"]["groups"][0]["state"] == checkpoint.claims["u1"].groups[0].state
