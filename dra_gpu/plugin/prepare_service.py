@@ -68,6 +68,7 @@ from dra_gpu.plugin.device_conflicts import devices_conflict
 from dra_gpu.plugin.fault_injection import FaultPoints
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, GroupResult, SharingError, SharingManager
+from dra_gpu.sharing.plan import gpu_lock_keys
 from dra_gpu.sharing.registry import RegistryUnreadableError
 
 log = structlog.get_logger(__name__)
@@ -315,21 +316,12 @@ class PrepareService:
         """The lock keys of a checkpointed claim's devices, (exclusive, shared): their physical GPUs, as a
         prepare takes them from its allocation (a device the node no longer has: its name, exclusive)."""
         by_name = self.device_model().by_name()
+        exclusive, shared = gpu_lock_keys(by_name[d.device] for d in entry.devices if d.device in by_name)
+        exclusive |= {d.device for d in entry.devices if d.device not in by_name}
         # A share prepared before shares had their own daemons joined a per-GPU one: undoing it changes that.
-        legacy = any(
-            g.state.get("sharedMps") and not g.state["sharedMps"].get("ownDaemon") for g in entry.groups
-        )
-        exclusive: set[str] = set()
-        shared: set[str] = set()
-        for d in entry.devices:
-            device = by_name.get(d.device)
-            if device is None:
-                exclusive.add(d.device)
-            elif device.kind is DeviceKind.GPU_SHARE and not legacy:
-                shared.add(device.parent_uuid)
-            else:
-                exclusive.add(device.parent_uuid)
-        return exclusive, shared - exclusive
+        if any(g.state.get("sharedMps") and not g.state["sharedMps"].get("ownDaemon") for g in entry.groups):
+            return exclusive | shared, set()
+        return exclusive, shared
 
     def _entry(self, ref: ClaimRef) -> ClaimEntry | None:
         """This claim's entry, a copy of its own (the sharing manager may change group states in place)."""
@@ -419,13 +411,12 @@ class PrepareService:
         allocations, raw_configs = self._our_allocations(ref, claim)
         groups = self._resolve(ref, allocations, raw_configs)
         configs = _shared_device_configs(allocations, groups)
-        # A fractional share changes nothing GPU-wide: shares of one GPU are prepared side by side.
-        keys = {a.device.parent_uuid for a in allocations if a.device.kind is not DeviceKind.GPU_SHARE}
-        shared = {a.device.parent_uuid for a in allocations if a.device.kind is DeviceKind.GPU_SHARE}
+        # Fractional shares of one GPU are prepared side by side (gpu_lock_keys).
+        keys, shared = gpu_lock_keys(a.device for a in allocations)
         if left is not None:  # the same UID has the same allocation, but a leftover's devices count too
             left_keys, left_shared = self._gpu_keys(left)
             keys, shared = keys | left_keys, shared | left_shared
-        with self._gpus_locked(ref, keys, shared - keys):
+        with self._gpus_locked(ref, keys, shared):
             entry = self._entry(ref)
             if entry is not None and entry.phase is ClaimPhase.PREPARE_COMPLETED:
                 return _answer_from_entry(entry)  # a concurrent call finished it meanwhile

@@ -41,7 +41,7 @@ from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, CdiMount, Group
 from dra_gpu.sharing.mig_lifecycle import MigLifecycle, instance_from_json, instance_json
 from dra_gpu.sharing.mps import DaemonSpec, MpsDaemons, client_edits, saved_record
 from dra_gpu.sharing.mps_pods import PodLauncher
-from dra_gpu.sharing.plan import MpsPlan, SharePlan, SharingPlan, build_plan
+from dra_gpu.sharing.plan import MpsPlan, SharePlan, SharingPlan, build_plan, gpu_lock_keys
 from dra_gpu.sharing.registry import Registry
 from dra_gpu.sharing.time_slicing import TimeSlicing
 
@@ -162,13 +162,8 @@ class HardwareSharingManager:
     def prepare_group(
         self, claim_uid: str, config: object | None, devices: Sequence[AllocatedDevice]
     ) -> GroupResult:
-        shares = [d for d in devices if d.device.kind is DeviceKind.GPU_SHARE]
-        others = [d for d in devices if d.device.kind is not DeviceKind.GPU_SHARE]
-        # A fractional share changes nothing GPU-wide (its own daemon, no compute mode): shares of one GPU go
-        # side by side; anything else holds its GPU alone.
-        with self._locks.gpus(
-            (d.device.parent_uuid for d in others), shared=(d.device.parent_uuid for d in shares)
-        ):
+        exclusive, shared = gpu_lock_keys(d.device for d in devices)
+        with self._locks.gpus(exclusive, shared=shared):
             dynamic = any(d.device.kind is DeviceKind.MIG_DYNAMIC for d in devices)
             try:
                 gpus = self._gpu_facts(refresh=dynamic)

@@ -26,13 +26,13 @@ Semantics of the combinations:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from dra_gpu.config.api import TIME_SLICE_VALUES, ConfigError, GpuConfig, MigDeviceConfig, MpsConfig
 from dra_gpu.config.quantity import MIB, QuantityError, parse_quantity
 from dra_gpu.hardware.types import GpuInfo
-from dra_gpu.inventory.model import DeviceKind
+from dra_gpu.inventory.model import Device, DeviceKind
 from dra_gpu.sharing.interface import AllocatedDevice, SharingError
 
 MPS_MIN_COMPUTE_CAPABILITY = (7, 0)  # Volta: MPS with per-client limits
@@ -316,3 +316,15 @@ def _share_amount(d: AllocatedDevice, capacity: str) -> int:
     if value <= 0:
         raise SharingError(f"device {d.device.name}: consumedCapacity {capacity} must be > 0, got {text}")
     return value
+
+
+def gpu_lock_keys(devices: Iterable[Device]) -> tuple[set[str], set[str]]:
+    """The GPUs that work on `devices` locks, (exclusive, shared) as `GpuLocks.gpus` takes them: a fractional
+    share (GPU_SHARE) gets its own MPS daemon and changes nothing GPU-wide, so it holds its GPU shared with
+    the GPU's other shares; every other device holds its GPU alone."""
+    exclusive: set[str] = set()
+    shared: set[str] = set()
+    for device in devices:
+        (shared if device.kind is DeviceKind.GPU_SHARE else exclusive).add(device.parent_uuid)
+    return exclusive, shared
+
