@@ -81,7 +81,7 @@ e2e: venv
 	done; exit $$rc
 
 e2e-kind: venv
-	e2e/kind/run.sh
+	e2e/kind/run.sh $(KIND_ARGS)
 
 demo: venv cluster-build
 	e2e/demo.sh up

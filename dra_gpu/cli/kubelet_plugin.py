@@ -101,7 +101,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--hardware",
         default=_env("HARDWARE", "real"),
-        help="`real` (NVML) or a simulated layout/profile, e.g. dgx-h100 [HARDWARE] (default: real)",
+        help="`real` (NVML), a simulated layout/profile such as dgx-h100, or `simulated` (the layout the "
+        "simulated driver root already holds) [HARDWARE] (default: real)",
     )
     p.add_argument(
         "--kubeconfig",

@@ -8,6 +8,9 @@ The driver root passed in is `--container-driver-root` (`CONTAINER_DRIVER_ROOT`)
   plugin uses the host driver it was pointed at).
 - a node layout or GPU profile name (`dgx-h100`, `h100-80gb`, ...): the simulator, with its state in
   `<driver root>/var/lib/nvml-sim/state.json`; the simulated driver root is created on demand.
+- `simulated`: the simulator, serving whatever layout the driver root already holds (made on the node
+  beforehand with `dra-gpu hardware init-sim`). One DaemonSet thus serves test nodes with different simulated
+  hardware, as one DaemonSet serves different real GPUs.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from dra_gpu.hardware import profiles
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.nvml_hardware import NvmlHardware
 from dra_gpu.hardware.sim_driver_root import init_sim_driver_root, open_simulated_nvml, state_path
-from dra_gpu.hardware.simulator.state import StateError
+from dra_gpu.hardware.simulator.state import StateError, StateStore
 
 REAL = "real"
+PREPARED_SIMULATOR = "simulated"
 LIBRARY_NAME = "libnvidia-ml.so.1"
 LIBRARY_DIRS = (
     "usr/lib/x86_64-linux-gnu",
@@ -35,7 +39,7 @@ LIBRARY_DIRS = (
 
 
 def known_hardware() -> list[str]:
-    return [REAL, *profiles.known_hardware_names()]
+    return [REAL, PREPARED_SIMULATOR, *profiles.known_hardware_names()]
 
 
 DRIVER_ROOT_FLAGS_HINT = (
@@ -80,12 +84,31 @@ def load_real_nvml(driver_root: str) -> object:
     return pynvml
 
 
+def prepared_simulated_hardware(driver_root: str) -> str:
+    """The layout a simulated driver root was made with (`--hardware simulated`)."""
+    path = state_path(driver_root)
+    if not path.is_file():
+        raise HardwareError(
+            f"--hardware {PREPARED_SIMULATOR} serves the simulated GPUs already under the driver root, and "
+            f"{driver_root!r} has none ({path} is missing): make them on the node with `dra-gpu hardware "
+            f"init-sim --hardware <profile> --driver-root <host path>`, or name a profile in --hardware "
+            f"(chart value `hardware`), one of {', '.join(profiles.known_hardware_names())}"
+        )
+    try:
+        existing = StateStore(path).read()
+    except (StateError, OSError) as err:
+        raise HardwareError(f"simulated driver root {driver_root!r}: {err}") from err
+    return existing.hardware
+
+
 def open_hardware(hardware: str, driver_root: str, *, seed: str | None = None) -> NvmlHardware:
     """The hardware named by `--hardware`. `seed` (simulator only; default the node name from `NODE_NAME`,
     else the
     existing state's seed) makes the simulated GPU UUIDs."""
     if hardware == REAL:
         return NvmlHardware(load_real_nvml(driver_root), driver_root)
+    if hardware == PREPARED_SIMULATOR:
+        hardware = prepared_simulated_hardware(driver_root)
     try:
         profiles.resolve_layout(hardware)
     except profiles.UnknownHardwareError as err:

@@ -10,6 +10,7 @@
 #   nvidia-ctk     nvidia-ctk and nvidia-cdi-hook (NVIDIA Container Toolkit) for the driver image
 #   dra-example-driver  the Go example driver's kubelet plugin (the baseline of make bench's side-by-side table)
 #   image          the driver image, via manifests/image/build.sh (needs docker, podman or buildah)
+#   kind           kind (sigs.k8s.io/kind), coredns, kubeadm and kube-proxy, for e2e/kind/node_image.py
 # A stamp per component (version + recipe) makes a second run instant. Build times go to
 # e2e/_artifacts/build-times.json.
 set -euo pipefail
@@ -276,7 +277,8 @@ build_runc() {
 }
 
 # ------------------------------------------------------------------------------------------ CNI plugins
-CNI_PLUGINS=(main/bridge main/loopback ipam/host-local meta/portmap)
+# ptp: the kind cluster's pod network (e2e/kind/cni.py), as kind's own nodes carry it.
+CNI_PLUGINS=(main/bridge main/ptp main/loopback ipam/host-local meta/portmap)
 build_cni() {
     local names=() p
     for p in "${CNI_PLUGINS[@]}"; do names+=("cni/${p#*/}"); done
@@ -359,6 +361,38 @@ build_dra_example_driver() {
     record_time dra-example-driver "$v" build_s "$(since "$t0")"
 }
 
+# ------------------------------------------------------------------------------------------------- kind
+# sigs.k8s.io/kind's CLI, for `make e2e-kind` (e2e/kind/). Built from the module's own go.mod like the example
+# driver; installed under $CACHE/kind/<version>.
+KIND_DIR="$CACHE/kind/${KIND_VERSION:-unset}"
+build_kind() {
+    local v="$KIND_VERSION" recipe="$KIND_VERSION cgo0"
+    if dir_stamp_ok "$KIND_DIR" "$recipe" kind; then log "kind $v up to date"; return 0; fi
+    log "kind $v ..."
+    local t0 src; t0=$(now_us)
+    src="$(module_dir "sigs.k8s.io/kind@$v")"
+    mkdir -p "$KIND_DIR"
+    (cd "$src" && CGO_ENABLED=0 run_logged kind "${NICE[@]}" go build -ldflags "-s -w" -o "$KIND_DIR/kind" .)
+    printf '%s' "$recipe" >"$KIND_DIR/.stamp"
+    log "kind $v done in $(since "$t0")s"
+    record_time kind "$v" build_s "$(since "$t0")"
+}
+
+# CoreDNS, the cluster DNS kubeadm deploys: e2e/kind/node_image.py wraps it as the node image's coredns image.
+COREDNS_DIR="$CACHE/coredns/${COREDNS_VERSION:-unset}"
+build_coredns() {
+    local v="$COREDNS_VERSION" recipe="$COREDNS_VERSION cgo0"
+    if dir_stamp_ok "$COREDNS_DIR" "$recipe" coredns; then log "coredns $v up to date"; return 0; fi
+    log "coredns $v ..."
+    local t0 src; t0=$(now_us)
+    src="$(module_dir "github.com/coredns/coredns@$v")"
+    mkdir -p "$COREDNS_DIR"
+    (cd "$src" && CGO_ENABLED=0 run_logged coredns "${NICE[@]}" go build -ldflags "-s -w" -o "$COREDNS_DIR/coredns" .)
+    printf '%s' "$recipe" >"$COREDNS_DIR/.stamp"
+    log "coredns $v done in $(since "$t0")s"
+    record_time coredns "$v" build_s "$(since "$t0")"
+}
+
 # ------------------------------------------------------------------------------------------------- main
 main() {
     (($#)) || set -- control-plane
@@ -380,9 +414,13 @@ main() {
             helm) locked helm build_helm ;;
             nvidia-ctk) locked nvidia-ctk build_nvidia_ctk ;;
             dra-example-driver) locked dra-example-driver build_dra_example_driver ;;
+            # kind and what its node image needs beyond `all`: kubeadm sets the node up, kube-proxy serves
+            # ClusterIPs inside the kind cluster.
+            kind) locked kind build_kind; locked coredns build_coredns
+                locked "k8s-$KUBERNETES_VERSION" build_k8s kubeadm kube-proxy ;;
             # The driver's container image (docker/podman/buildah); `make image` calls this target.
             image) "$REPO/manifests/image/build.sh" ;;
-            *) die "unknown target '$target' (use control-plane, node, all, scheduler, helm, nvidia-ctk, dra-example-driver or image)" ;;
+            *) die "unknown target '$target' (use control-plane, node, all, scheduler, helm, nvidia-ctk, dra-example-driver, kind or image)" ;;
         esac
         # cold_s: this target compiled something; warm_s: every stamp was current.
         local kind=warm_s

@@ -26,8 +26,13 @@ PACKAGES=(
 # `install-host-deps.sh image`: also what `make image` needs on a machine without Docker: buildah builds the
 # Dockerfile without a daemon (RUN steps with --isolation chroot, no new cgroups) and debootstrap makes the
 # local Debian base when the default base image cannot be pulled (manifests/image/debian-base.sh).
-if [[ "${1:-}" == "image" ]]; then
+if [[ "${1:-}" == "image" || "${1:-}" == "kind" ]]; then
     PACKAGES+=(buildah debootstrap)
+fi
+# `install-host-deps.sh kind`: also the Docker engine kind's nodes run in (Debian's docker.io: dockerd, its
+# containerd and the docker CLI); e2e/kind/dockerd.sh starts a private daemon when none is running.
+if [[ "${1:-}" == "kind" ]]; then
+    PACKAGES+=(docker.io)
 fi
 
 missing=()

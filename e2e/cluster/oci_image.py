@@ -51,13 +51,17 @@ class ImageSpec:
         return tag
 
 
-def _layer_tar(rootfs: Path) -> bytes:
-    """An uncompressed tar of rootfs with root ownership and fixed times (paths relative, sorted)."""
+def _layer_tar(rootfs: Path, exclude: Sequence[str] = ()) -> bytes:
+    """An uncompressed tar of rootfs with root ownership and fixed times (paths relative, sorted).
+
+    exclude: relative paths left out, with everything under them."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         entries = sorted(p for p in rootfs.rglob("*"))
         for path in entries:
             rel = path.relative_to(rootfs).as_posix()
+            if any(rel == ex or rel.startswith(ex + "/") for ex in exclude):
+                continue
             info = tar.gettarinfo(str(path), arcname=rel)
             info.uid = info.gid = 0
             info.uname = info.gname = "root"
@@ -85,11 +89,12 @@ def _canonical(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def build_archive(spec: ImageSpec, rootfs: Path, out: Path) -> str:
-    """Write the OCI archive for rootfs to out; return the manifest digest."""
+def build_archive(spec: ImageSpec, rootfs: Path, out: Path, exclude: Sequence[str] = ()) -> str:
+    """Write the OCI archive for rootfs (less the relative paths in exclude) to out; return the manifest
+    digest."""
     if not rootfs.is_dir():
         raise FileNotFoundError(f"rootfs {rootfs} is not a directory")
-    raw_layer = _layer_tar(rootfs)
+    raw_layer = _layer_tar(rootfs, exclude)
     layer = _gzip(raw_layer)
     config = {
         "architecture": spec.architecture,

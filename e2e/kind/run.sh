@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# `make e2e-kind`: the same end-to-end suite on a kind cluster, the driver deployed by its Helm chart.
+# `make e2e-kind`: the end-to-end suite on a kind cluster, the driver installed by its Helm chart.
 #
 #   e2e/kind/run.sh [--real] [--keep] [pytest args...]
 #
-#   (default)  simulated DGX H100 (chart value hardware=dgx-h100) on the GPU-labelled worker;
+#   (default)  two simulated GPU nodes: dra-gpu-worker is a DGX H100, dra-gpu-worker2 a PCIe server with
+#              4 L40S (chart value hardware=simulated: each node's driver root is prepared here, per node);
 #   --real     real GPUs through nvkind (the host's NVIDIA driver and container toolkit); values-real.yaml;
-#   --keep     leave the cluster running afterwards.
+#   --keep     leave the cluster (and the private Docker daemon) running afterwards.
 #
-# Steps: create the cluster from e2e/kind/cluster.yaml (or nvkind), build the image (manifests/image/build.sh)
-# and `kind load` it, `helm install` the chart with e2e/kind/values*.yaml, then run pytest on e2e/ with
-# DRA_GPU_E2E_MODE=in-cluster: every test talks to the chart's pods instead of host processes.
-# Needs docker, kind, helm and kubectl on PATH (not available on the team's build machine).
+# Steps (each in e2e/kind/README.md):
+#  1. a Docker daemon: the one DOCKER_HOST (or the default socket) reaches, else a private one (dockerd.sh);
+#  2. kind and the node image: KIND_NODE_IMAGE if set; else kindest/node:<version> when a registry serves it;
+#     else one assembled here from the pinned builds (node_image.py), cached by recipe;
+#  3. `kind create cluster` (cluster.yaml), pod networking (cni.py), nodes Ready;
+#  4. the driver image (manifests/image/build.sh) and the test image, loaded into the nodes;
+#  5. `helm install` with values.yaml, then pytest on e2e/ with DRA_GPU_E2E_MODE=in-cluster;
+#  6. the summary, then the cluster and the private daemon are removed.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,11 +25,14 @@ cd "$REPO"
 source "$REPO/e2e/cluster/versions.env"
 ARTIFACTS="$REPO/e2e/_artifacts/kind"
 CLUSTER="${KIND_CLUSTER_NAME:-dra-gpu}"
-NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:$KUBERNETES_VERSION}"
 IMAGE="dra-gpu:kind"
 NAMESPACE="dra-gpu"
-SIM_ROOT_HOST="/tmp/dra-gpu-kind/driver-root"
+SIM_ROOTS="/tmp/dra-gpu-kind"
 PY="$REPO/.venv/bin/python"
+CACHE="${DRA_GPU_CACHE:-$HOME/.cache/dra-gpu}"
+BIN="$CACHE/k8s/$KUBERNETES_VERSION/bin"
+# The simulated GPU nodes: kind node name -> hardware profile (cluster.yaml has the same workers).
+declare -A SIM_NODES=(["$CLUSTER-worker"]=dgx-h100 ["$CLUSTER-worker2"]=pcie-4x-l40s)
 
 real=0 keep=0
 args=()
@@ -37,80 +45,148 @@ for a in "$@"; do
 done
 
 log() { echo "[kind] $*" >&2; }
-need() { command -v "$1" >/dev/null || { log "ERROR: $1 is not installed ($2)"; exit 2; }; }
-need docker "kind nodes are containers"
-need kind "https://kind.sigs.k8s.io"
-need helm "the chart is installed with helm"
-need kubectl "the suite and the chart install use it"
-docker info >/dev/null 2>&1 || { log "ERROR: the docker daemon is not reachable (docker info fails)"; exit 2; }
-((real)) && need nvkind "--real uses nvkind for GPU nodes (github.com/NVIDIA/nvkind)"
+die() { log "ERROR: $*"; exit 2; }
+now() { date +%s.%N; }
+t_start="$(now)"
+secs() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(now)"; }
 
 mkdir -p "$ARTIFACTS"
+e2e/cluster/install-host-deps.sh kind
+e2e/cluster/build.sh all helm kind >&2
+export PATH="$CACHE/kind/$KIND_VERSION:$BIN:$PATH"
+[[ -x "$PY" ]] || die "$PY is missing: run make venv"
+
+# --- 1. Docker -------------------------------------------------------------------------------------
+private_docker=0
+if ! docker info >/dev/null 2>&1; then
+    log "no Docker daemon answers; starting a private one (e2e/kind/dockerd.sh)"
+    eval "$("$HERE/dockerd.sh" start)"
+    private_docker=1
+fi
+export DOCKER_HOST="${DOCKER_HOST:-}"
+((real)) && { command -v nvkind >/dev/null || die "--real needs nvkind (github.com/NVIDIA/nvkind)"; }
+
 KUBECONFIG_FILE="$ARTIFACTS/kubeconfig"
+export KUBECONFIG="$KUBECONFIG_FILE"
 created=0
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
-    kubectl --kubeconfig "$KUBECONFIG_FILE" -n "$NAMESPACE" logs -l app.kubernetes.io/component=kubelet-plugin \
-        --tail=-1 >"$ARTIFACTS/plugin.log" 2>&1 || true
+    kubectl -n "$NAMESPACE" logs -l app.kubernetes.io/component=kubelet-plugin --prefix --tail=-1 \
+        >"$ARTIFACTS/plugin.log" 2>&1 || true
     kind export logs "$ARTIFACTS/cluster-logs" --name "$CLUSTER" >/dev/null 2>&1 || true
     if ((created)) && ! ((keep)); then
         log "deleting cluster $CLUSTER"
-        kind delete cluster --name "$CLUSTER" || true
+        kind delete cluster --name "$CLUSTER" >&2 || true
     fi
+    if ((private_docker)) && ! ((keep)); then "$HERE/dockerd.sh" stop || true; fi
     exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# --- cluster ----------------------------------------------------------------------------------------
+# --- 2. node image ---------------------------------------------------------------------------------
+etcd_tag="" coredns_tag=""
+if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then
+    node_image="$KIND_NODE_IMAGE"
+elif ((!private_docker)) && timeout 120 docker pull -q "kindest/node:$KUBERNETES_VERSION" >/dev/null 2>&1; then
+    node_image="kindest/node:$KUBERNETES_VERSION"
+else
+    log "assembling a node image from the pinned builds (e2e/kind/node_image.py)"
+    node_image="$(python3 "$HERE/node_image.py" --kubernetes-version "$KUBERNETES_VERSION")"
+    etcd_tag="${ETCD_VERSION#v}-0" coredns_tag="$COREDNS_VERSION"
+fi
+if [[ -z "$etcd_tag" ]]; then  # a published image carries the versions kubeadm names
+    etcd_tag="$(kubeadm config images list --kubernetes-version "$KUBERNETES_VERSION" | sed -n 's|.*/etcd:||p')"
+    coredns_tag="$(kubeadm config images list --kubernetes-version "$KUBERNETES_VERSION" | sed -n 's|.*/coredns:||p')"
+fi
+log "node image $node_image (etcd $etcd_tag, coredns $coredns_tag)"
+config="$ARTIFACTS/cluster.yaml"
+sed -e "s|ETCD_IMAGE_TAG|$etcd_tag|" -e "s|COREDNS_IMAGE_TAG|$coredns_tag|" -e "s|/tmp/dra-gpu-kind|$SIM_ROOTS|" \
+    "$HERE/cluster.yaml" >"$config"
+
+# --- 3. cluster ------------------------------------------------------------------------------------
+t_cluster="$(now)"
 if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
     log "using the existing kind cluster $CLUSTER"
+    kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_FILE"
 else
     created=1
     if ((real)); then
-        log "creating a GPU cluster with nvkind (node image $NODE_IMAGE)"
-        nvkind cluster create --name "$CLUSTER" --image "$NODE_IMAGE" \
+        nvkind cluster create --name "$CLUSTER" --image "$node_image" \
             --config-template "$HERE/nvkind-template.yaml" --config-values "$HERE/nvkind-values.yaml"
     else
-        mkdir -p "$SIM_ROOT_HOST"
-        log "creating kind cluster $CLUSTER (node image $NODE_IMAGE)"
-        kind create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --config "$HERE/cluster.yaml" --wait 5m
+        # Each simulated node's driver root: made here, mounted into its node (cluster.yaml extraMounts).
+        for node in "${!SIM_NODES[@]}"; do
+            rm -rf "${SIM_ROOTS:?}/$node"
+            mkdir -p "$SIM_ROOTS/$node/driver-root"
+            "$REPO/.venv/bin/dra-gpu" hardware init-sim --hardware "${SIM_NODES[$node]}" --seed "$node" \
+                --driver-root "$SIM_ROOTS/$node/driver-root" >/dev/null
+        done
+        log "creating kind cluster $CLUSTER"
+        kind create cluster --name "$CLUSTER" --image "$node_image" --config "$config" --kubeconfig "$KUBECONFIG_FILE" >&2
     fi
+    python3 "$HERE/cni.py" "$KUBECONFIG_FILE"
 fi
-kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_FILE"
-export KUBECONFIG="$KUBECONFIG_FILE"
+kubectl wait --for=condition=Ready nodes --all --timeout=300s >&2
+cluster_s="$(secs "$t_cluster")"
+log "cluster ready in ${cluster_s}s"
+kubectl get nodes -o wide >&2
+if ((!real)); then
+    # The suite's examples assume the DGX node; e2e/test_two_nodes.py uncordons the L40S node while it runs.
+    # (A cordon keeps new pods off the node; the plugin's DaemonSet pod runs there all the same.)
+    kubectl cordon "$CLUSTER-worker2" >&2
+fi
 
-# --- image ------------------------------------------------------------------------------------------
+# --- 4. images -------------------------------------------------------------------------------------
+t_image="$(now)"
+tool=""
+((private_docker)) && tool=buildah  # the private daemon pulls nothing; buildah builds on a local base
 log "building $IMAGE"
-"$REPO/manifests/image/build.sh" "$IMAGE"
+IMAGE_TOOL="$tool" "$REPO/manifests/image/build.sh" "$IMAGE" >&2
+if [[ "$tool" == buildah ]]; then
+    rm -f "$ARTIFACTS/driver-image.tar"
+    buildah push --quiet "$IMAGE" "docker-archive:$ARTIFACTS/driver-image.tar:docker.io/library/$IMAGE"
+    kind load image-archive --name "$CLUSTER" "$ARTIFACTS/driver-image.tar" >&2
+    rm -f "$ARTIFACTS/driver-image.tar"
+else
+    kind load docker-image --name "$CLUSTER" "$IMAGE" >&2
+fi
 # The examples' containers run the suite's busybox image (examples/README.md, container contract).
-docker pull -q busybox:1 >/dev/null
-docker tag busybox:1 registry.local/busybox:1
-kind load docker-image --name "$CLUSTER" "$IMAGE" registry.local/busybox:1
+busybox="$("$PY" e2e/cluster/cluster.py images | awk '$1 == "registry.local/busybox:1" {print $2}')"
+kind load image-archive --name "$CLUSTER" "$busybox" >&2
+image_s="$(secs "$t_image")"
 
-# --- chart ------------------------------------------------------------------------------------------
+# --- 5. chart and suite ----------------------------------------------------------------------------
 values="$HERE/values.yaml"
 ((real)) && values="$HERE/values-real.yaml"
 log "helm install (values $(basename "$values"))"
+t_helm="$(now)"
 helm upgrade --install dra-gpu "$REPO/manifests/helm/dra-gpu" --namespace "$NAMESPACE" --create-namespace \
-    -f "$values" --wait --timeout 5m
+    -f "$values" --wait --timeout 5m >&2
+helm_s="$(secs "$t_helm")"
 
-# --- suite ------------------------------------------------------------------------------------------
 export DRA_GPU_E2E_MODE=in-cluster
 export DRA_GPU_E2E_KUBECONFIG="$KUBECONFIG_FILE"
 export DRA_GPU_E2E_CHART_NAMESPACE="$NAMESPACE"
 export DRA_GPU_E2E_PLUGIN_PORT=8080
 export DRA_GPU_E2E_ARTIFACTS="$ARTIFACTS"
 export DRA_GPU_E2E_REQUIRE=1
+export DRA_GPU_E2E_KIND_CLUSTER="$CLUSTER"
 if ((real)); then
     export DRA_GPU_E2E_HARDWARE=real
 else
+    # The suite's GPU node: the DGX H100 (its examples assume 8 H100s); the L40S node is for the two-node tests.
     export DRA_GPU_E2E_HARDWARE=dgx-h100 DRA_GPU_E2E_DRIVER_ROOT=/opt/dra-gpu/driver-root
+    export DRA_GPU_E2E_NODE="$CLUSTER-worker" DRA_GPU_E2E_SECOND_NODE="$CLUSTER-worker2"
 fi
+t_suite="$(now)"
 rc=0
 "$PY" -m pytest -p no:cacheprovider -o testpaths=e2e --junitxml="$ARTIFACTS/e2e-junit.xml" -v -rA \
     --timeout=900 e2e "${args[@]}" || rc=$?
+suite_s="$(secs "$t_suite")"
 "$PY" -m e2e.lib.report --report "$ARTIFACTS/e2e-report.json" --junit "$ARTIFACTS/e2e-junit.xml" \
     --build-times "$ARTIFACTS/none.json" | tee "$ARTIFACTS/e2e-summary.txt"
+printf '[kind] wall time: cluster %ss, images %ss, helm install %ss, suite %ss, total %ss (node image %s)\n' \
+    "$cluster_s" "$image_s" "$helm_s" "$suite_s" "$(secs "$t_start")" "$node_image" | tee -a "$ARTIFACTS/e2e-summary.txt"
 exit "$rc"

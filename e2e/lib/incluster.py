@@ -20,16 +20,23 @@ class InClusterDriver:
         self.settings = settings
         self.kubectl = kubectl
         self.namespace = settings.chart_namespace
-        self.node_name = node_name or settings.node_name or self._plugin_pod()["spec"]["nodeName"]
+        self._node: str | None = node_name or settings.node_name  # None: whichever plugin pod comes first
+        self.node_name: str = self._node or self._plugin_pod()["spec"]["nodeName"]
+        self._node = self.node_name
 
     def _plugin_pod(self) -> dict[str, Any]:
+        """The live plugin pod on this driver's node (the first one found before the node is known)."""
         pods = [
             p
             for p in self.kubectl.items("pods", self.namespace, PLUGIN_SELECTOR)
             if p["metadata"].get("deletionTimestamp") is None
+            and (self._node is None or p["spec"].get("nodeName") == self._node)
         ]
         if not pods:
-            raise RuntimeError(f"no kubelet-plugin pod ({PLUGIN_SELECTOR}) in namespace {self.namespace}")
+            where = f" on node {self._node}" if self._node else ""
+            raise RuntimeError(
+                f"no kubelet-plugin pod ({PLUGIN_SELECTOR}) in namespace {self.namespace}{where}"
+            )
         return pods[0]
 
     def _exec(self, *command: str) -> str:

@@ -1,8 +1,9 @@
 """The kind path's files (e2e/kind/) agree with the local cluster and with the chart.
 
-kind cannot run on the team's machine (no Docker), so these checks are what keeps `make e2e-kind` honest:
-same DRA feature gates as the local cluster, CDI on in containerd, the GPU node label the chart selects on,
-chart values that exist in the chart and fit its schema.
+`make e2e-kind` runs kind for real (e2e/kind/run.sh), but it takes minutes and is not part of `make test`;
+these checks keep its files honest between runs: same DRA feature gates as the local cluster, CDI on in
+containerd, the GPU node label the chart selects on, one simulated driver root per GPU node, chart values that
+exist in the chart and fit its schema.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_gpu.hardware.profiles import known_hardware_names
+from dra_gpu.hardware.loader import PREPARED_SIMULATOR, known_hardware
 from e2e.lib.incluster import PLUGIN_SELECTOR
 from e2e.lib.settings import DriverMode, load_settings
 
@@ -97,25 +98,32 @@ def test_containerd_reads_cdi_specs_where_the_plugin_writes_them(kind_config: di
     assert values["cdiRoot"] in cri[0]["cdi_spec_dirs"]
 
 
-def test_worker_is_a_gpu_node_with_the_simulated_driver_root(kind_config: dict[str, Any]) -> None:
+def test_workers_are_gpu_nodes_each_with_its_own_simulated_driver_root(kind_config: dict[str, Any]) -> None:
     cluster = _cluster_module()
-    worker = next(n for n in kind_config["nodes"] if n["role"] == "worker")
-    assert worker["labels"] == cluster.NODE_LABELS
+    workers = [n for n in kind_config["nodes"] if n["role"] == "worker"]
+    assert len(workers) == 2
     chart_values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert worker["labels"].get(chart_values["kubeletPlugin"]["gpuNodeLabel"]) == "true"
     values = yaml.safe_load((KIND / "values.yaml").read_text())
-    mounts = {m["containerPath"]: m["hostPath"] for m in worker["extraMounts"]}
-    assert values["nvidiaDriverRoot"] in mounts
     run_sh = (KIND / "run.sh").read_text()
-    assert f'SIM_ROOT_HOST="{mounts[values["nvidiaDriverRoot"]]}"' in run_sh
+    # kind names workers <cluster>-worker, <cluster>-worker2, ...; run.sh prepares a root per name.
+    for i, worker in enumerate(workers):
+        assert worker["labels"] == cluster.NODE_LABELS
+        assert worker["labels"].get(chart_values["kubeletPlugin"]["gpuNodeLabel"]) == "true"
+        node = f"{kind_config['name']}-worker{i + 1 if i else ''}"
+        mounts = {m["containerPath"]: m["hostPath"] for m in worker["extraMounts"]}
+        assert mounts[values["nvidiaDriverRoot"]] == f"/tmp/dra-gpu-kind/{node}/driver-root"
+        assert f'["$CLUSTER-{node.removeprefix(kind_config["name"] + "-")}"]=' in run_sh
     assert f"DRA_GPU_E2E_DRIVER_ROOT={values['nvidiaDriverRoot']}" in run_sh
+    assert values["hardware"] == PREPARED_SIMULATOR
 
 
 def test_nvkind_template_shares_the_cluster_settings() -> None:
     base = (KIND / "cluster.yaml").read_text()
     template = (KIND / "nvkind-template.yaml").read_text()
-    shared = base[base.index("featureGates:") : base.index("nodes:")]
-    assert shared in template
+    # Gates and runtime config, then the containerd patches; not the CNI and kubeadm patches, which are for
+    # the node image assembled here (nvkind uses kind's published one).
+    for start, end in (("featureGates:", "networking:"), ("containerdConfigPatches:", "nodes:")):
+        assert base[base.index(start) : base.index(end)] in template, start
     assert yaml.safe_load((KIND / "nvkind-values.yaml").read_text())["workers"][0]["devices"]
 
 
@@ -157,7 +165,7 @@ def test_kind_values_are_valid_chart_values(values_file: str) -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((KIND / values_file).read_text())
     assert _schema_errors(values, schema, "values", schema) == []
-    assert values["hardware"] in [*known_hardware_names(), "real"]
+    assert values["hardware"] in known_hardware()
 
 
 def test_schema_check_catches_a_typo() -> None:
@@ -184,7 +192,7 @@ def test_chart_renders_with_kind_values_when_helm_exists() -> None:
     assert proc.returncode == 0, proc.stderr
     docs = [d for d in yaml.safe_load_all(proc.stdout) if isinstance(d, dict)]
     env = {e["name"]: e.get("value") for e in plugin_container(docs).get("env", [])}
-    assert env["HARDWARE"] == "dgx-h100"
+    assert env["HARDWARE"] == PREPARED_SIMULATOR
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     key, value = PLUGIN_SELECTOR.split("=")
     assert ds["spec"]["template"]["metadata"]["labels"][key] == value
