@@ -8,6 +8,7 @@ unless the suite runs on that node (DRA_GPU_E2E_HARDWARE=dgx-a100 e2e/run-e2e.sh
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,10 @@ CONSUMABLE_SHARES_FLAG = {"unlimited": "unlimited", "memory": "memory", "integer
 
 @pytest.fixture(scope="module")
 def stand_in_image(settings: E2ESettings, kubectl: Kubectl) -> None:
-    if settings.mode is not DriverMode.HOST:
-        pytest.skip("the stand-in image is imported into the local cluster's containerd (host mode only)")
-    import_stand_in_image()
+    kind_cluster = os.environ.get("DRA_GPU_E2E_KIND_CLUSTER") or None
+    if settings.mode is not DriverMode.HOST and kind_cluster is None:
+        pytest.skip("the stand-in image goes into the local cluster's containerd or a kind cluster's nodes")
+    import_stand_in_image(kind_cluster)
 
 
 def _skip(report_path: Path, entry: CatalogEntry, why: str) -> None:

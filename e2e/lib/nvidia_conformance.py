@@ -17,6 +17,7 @@ does not implement. This module holds
 
 from __future__ import annotations
 
+import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -160,17 +161,25 @@ def _stand_in_rootfs(root: Path) -> None:
         path.chmod(0o755)
 
 
-def import_stand_in_image() -> None:
-    """Build the stand-in image and import it into the local cluster's containerd (host mode only)."""
+def import_stand_in_image(kind_cluster: str | None = None) -> None:
+    """Build the stand-in image and import it into the local cluster's containerd, or load it into the nodes
+    of the named kind cluster (`kind load image-archive`)."""
     from e2e.cluster.cluster import Cluster, ClusterError
     from e2e.cluster.oci_image import ImageSpec, build_archive
 
-    cluster = Cluster()
     with tempfile.TemporaryDirectory(prefix="nvidia-examples-", dir="/tmp") as tmp:
         root = Path(tmp) / "rootfs"
         _stand_in_rootfs(root)
         archive = Path(tmp) / "image.tar"
         build_archive(ImageSpec(STAND_IN_IMAGE, cmd=("sh", "-c", REPORT_COMMAND)), root, archive)
+        if kind_cluster:
+            subprocess.run(
+                ["kind", "load", "image-archive", "--name", kind_cluster, str(archive)],
+                check=True,
+                capture_output=True,
+            )
+            return
+        cluster = Cluster()
         # Always import: the reference may name an older build.
         cluster.ctr("images", "import", "--no-unpack=false", str(archive), check=False)
         if STAND_IN_IMAGE not in cluster.ctr("images", "ls", "-q").stdout.split():
