@@ -362,35 +362,25 @@ build_dra_example_driver() {
 }
 
 # ------------------------------------------------------------------------------------------------- kind
-# sigs.k8s.io/kind's CLI, for `make e2e-kind` (e2e/kind/). Built from the module's own go.mod like the example
-# driver; installed under $CACHE/kind/<version>.
-KIND_DIR="$CACHE/kind/${KIND_VERSION:-unset}"
-build_kind() {
-    local v="$KIND_VERSION" recipe="$KIND_VERSION cgo0"
-    if dir_stamp_ok "$KIND_DIR" "$recipe" kind; then log "kind $v up to date"; return 0; fi
-    log "kind $v ..."
+# build_go_tool NAME VERSION MODULE DIR: the main package at a module's root, built from the module's own go.mod
+# (like the example driver) into DIR/NAME, with DIR/.stamp.
+build_go_tool() {
+    local name="$1" v="$2" module="$3" dir="$4" recipe="$2 cgo0"
+    if dir_stamp_ok "$dir" "$recipe" "$name"; then log "$name $v up to date"; return 0; fi
+    log "$name $v ..."
     local t0 src; t0=$(now_us)
-    src="$(module_dir "sigs.k8s.io/kind@$v")"
-    mkdir -p "$KIND_DIR"
-    (cd "$src" && CGO_ENABLED=0 run_logged kind "${NICE[@]}" go build -ldflags "-s -w" -o "$KIND_DIR/kind" .)
-    printf '%s' "$recipe" >"$KIND_DIR/.stamp"
-    log "kind $v done in $(since "$t0")s"
-    record_time kind "$v" build_s "$(since "$t0")"
+    src="$(module_dir "$module@$v")"
+    mkdir -p "$dir"
+    (cd "$src" && CGO_ENABLED=0 run_logged "$name" "${NICE[@]}" go build -ldflags "-s -w" -o "$dir/$name" .)
+    printf '%s' "$recipe" >"$dir/.stamp"
+    log "$name $v done in $(since "$t0")s"
+    record_time "$name" "$v" build_s "$(since "$t0")"
 }
-
-# CoreDNS, the cluster DNS kubeadm deploys: e2e/kind/node_image.py wraps it as the node image's coredns image.
-COREDNS_DIR="$CACHE/coredns/${COREDNS_VERSION:-unset}"
+# kind's CLI for `make e2e-kind` (e2e/kind/), and CoreDNS, the cluster DNS kubeadm deploys, which
+# e2e/kind/node_image.py wraps as the node image's coredns image.
+build_kind() { build_go_tool kind "$KIND_VERSION" sigs.k8s.io/kind "$CACHE/kind/${KIND_VERSION:-unset}"; }
 build_coredns() {
-    local v="$COREDNS_VERSION" recipe="$COREDNS_VERSION cgo0"
-    if dir_stamp_ok "$COREDNS_DIR" "$recipe" coredns; then log "coredns $v up to date"; return 0; fi
-    log "coredns $v ..."
-    local t0 src; t0=$(now_us)
-    src="$(module_dir "github.com/coredns/coredns@$v")"
-    mkdir -p "$COREDNS_DIR"
-    (cd "$src" && CGO_ENABLED=0 run_logged coredns "${NICE[@]}" go build -ldflags "-s -w" -o "$COREDNS_DIR/coredns" .)
-    printf '%s' "$recipe" >"$COREDNS_DIR/.stamp"
-    log "coredns $v done in $(since "$t0")s"
-    record_time coredns "$v" build_s "$(since "$t0")"
+    build_go_tool coredns "$COREDNS_VERSION" github.com/coredns/coredns "$CACHE/coredns/${COREDNS_VERSION:-unset}"
 }
 
 # ------------------------------------------------------------------------------------------------- main
