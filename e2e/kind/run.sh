@@ -92,7 +92,7 @@ if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then
 elif ((!private_docker)) && timeout 120 docker pull -q "kindest/node:$KUBERNETES_VERSION" >/dev/null 2>&1; then
     node_image="kindest/node:$KUBERNETES_VERSION"
 else
-    log "assembling a node image from the pinned builds (e2e/kind/node_image.py)"
+    log "node image from the pinned builds (e2e/kind/node_image.py: assembled once, reused while its recipe holds)"
     node_image="$(python3 "$HERE/node_image.py" --kubernetes-version "$KUBERNETES_VERSION")"
     etcd_tag="${ETCD_VERSION#v}-0" coredns_tag="$COREDNS_VERSION"
 fi
