@@ -7,17 +7,16 @@ are not that cluster's containers or the driver is not the chart's pods from the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
 from e2e.lib.kubectl import Kubectl
-from e2e.lib.settings import DriverMode, E2ESettings
+from e2e.lib.settings import DriverMode, E2ESettings, load_settings
 
 pytestmark = pytest.mark.e2e
 
-KIND_CLUSTER = os.environ.get("DRA_GPU_E2E_KIND_CLUSTER", "")
+KIND_CLUSTER = load_settings().kind_cluster or ""
 if not KIND_CLUSTER:
     pytest.skip(
         "not a kind run (DRA_GPU_E2E_KIND_CLUSTER is set by e2e/kind/run.sh)", allow_module_level=True

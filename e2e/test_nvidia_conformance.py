@@ -8,7 +8,6 @@ unless the suite runs on that node (DRA_GPU_E2E_HARDWARE=dgx-a100 e2e/run-e2e.sh
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -35,10 +34,9 @@ CONSUMABLE_SHARES_FLAG = {"unlimited": "unlimited", "memory": "memory", "integer
 
 @pytest.fixture(scope="module")
 def stand_in_image(settings: E2ESettings, kubectl: Kubectl) -> None:
-    kind_cluster = os.environ.get("DRA_GPU_E2E_KIND_CLUSTER") or None
-    if settings.mode is not DriverMode.HOST and kind_cluster is None:
+    if settings.mode is not DriverMode.HOST and settings.kind_cluster is None:
         pytest.skip("the stand-in image goes into the local cluster's containerd or a kind cluster's nodes")
-    import_stand_in_image(kind_cluster)
+    import_stand_in_image(settings.kind_cluster)
 
 
 def _skip(report_path: Path, entry: CatalogEntry, why: str) -> None:

@@ -15,7 +15,6 @@ the suite keeps that node cordoned, since its examples assume the DGX; these tes
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +25,12 @@ import yaml
 
 from e2e.lib.claims import allocated_devices, claims_of_pod
 from e2e.lib.kubectl import Kubectl
-from e2e.lib.settings import DRIVER_NAME, E2ESettings
+from e2e.lib.settings import DRIVER_NAME, E2ESettings, load_settings
 from e2e.lib.waiting import wait_for_pods
 
 pytestmark = pytest.mark.e2e
 
-SECOND_NODE = os.environ.get("DRA_GPU_E2E_SECOND_NODE", "")
+SECOND_NODE = load_settings().second_node or ""
 PLUGIN_SELECTOR = "app.kubernetes.io/component=kubelet-plugin"
 TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 

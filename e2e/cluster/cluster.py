@@ -1,6 +1,6 @@
 """A single-node Kubernetes cluster from real binaries, for the end-to-end suite.
 
-    python3 e2e/cluster/cluster.py up|down|status|images
+    python3 e2e/cluster/cluster.py up|down|status|images|cgroup-root
 
 Pieces: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, containerd 2.x (CDI on) with
 runc and the CNI bridge plugin; binaries from `e2e/cluster/build.sh all`, versions in `versions.env`.
@@ -979,8 +979,10 @@ def main(argv: Sequence[str]) -> int:
         elif command == "images":
             for ref, path in build_images().items():
                 print(f"{ref} {path}")
+        elif command == "cgroup-root":  # where containers of ours may go (e2e/kind/dockerd.sh uses it too)
+            print(common_cgroup_root(own_cgroups(Path("/proc/self/cgroup").read_text())))
         else:
-            print("usage: cluster.py up|down|status|images", file=sys.stderr)
+            print("usage: cluster.py up|down|status|images|cgroup-root", file=sys.stderr)
             return 2
     except (ClusterError, ControlPlaneError) as err:
         print(f"[cluster] ERROR: {err}", file=sys.stderr)

@@ -29,10 +29,8 @@ RUNC="$CACHE/k8s/$KUBERNETES_VERSION/bin/runc"
 log() { echo "[dockerd] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-# The deepest of this process's cgroup v1 paths (memory:/process_api/X with cpu:/ gives /process_api/X).
-own_cgroup() {
-    awk -F: '$2 != "" { print length($3) " " $3 }' /proc/self/cgroup | sort -n | tail -1 | cut -d' ' -f2-
-}
+# Our cgroup, the deepest path inside it in every hierarchy: the local cluster's rule (cluster.py).
+own_cgroup() { python3 "$REPO/e2e/cluster/cluster.py" cgroup-root; }
 
 start() {
     command -v dockerd >/dev/null || die "dockerd is not installed: run e2e/cluster/install-host-deps.sh kind"

@@ -34,9 +34,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(REPO / "e2e" / "cluster"))
+sys.path.insert(0, str(REPO))
 
-from oci_image import ImageSpec, build_archive  # noqa: E402
+from e2e.cluster.oci_image import ImageSpec, build_archive  # noqa: E402
+from tests.support.control_plane import cache_dir, read_versions  # noqa: E402
 
 RELEASE = "bookworm"
 MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -74,19 +75,6 @@ def log(msg: str) -> None:
 
 def run(argv: Sequence[str], **kw: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), check=True, text=True, **kw)  # type: ignore[call-overload,no-any-return]
-
-
-def versions() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for line in (REPO / "e2e" / "cluster" / "versions.env").read_text().splitlines():
-        if "=" in line and not line.lstrip().startswith("#"):
-            key, _, value = line.partition("=")
-            out[key.strip()] = value.strip()
-    return out
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("DRA_GPU_CACHE", str(Path.home() / ".cache" / "dra-gpu")))
 
 
 def module_dir(module: str) -> Path:
@@ -280,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kubernetes-version", default=os.environ.get("KUBERNETES_VERSION"))
     parser.add_argument("--rebuild", action="store_true")
     args = parser.parse_args(argv)
-    pinned = versions()
+    pinned = read_versions()
     version = args.kubernetes_version or pinned["KUBERNETES_VERSION"]
     cache = cache_dir()
     bin_dir = cache / "k8s" / version / "bin"
@@ -319,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         changes = [
             'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]',
             "ENV container=docker",
-            f"LABEL dra-gpu.kubernetes-version={version} dra-gpu.etcd-image-tag={etcd_tag}",
+            # run.sh tags kubeadm's etcd and CoreDNS images from these: the image is the one place that knows.
+            f"LABEL dra-gpu.kubernetes-version={version} dra-gpu.etcd-image-tag={etcd_tag}"
+            f" dra-gpu.coredns-image-tag={coredns.name if coredns else ''}",
         ]
         cmd = ["docker", "import"]
         for change in changes:

@@ -86,7 +86,6 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- 2. node image ---------------------------------------------------------------------------------
-etcd_tag="" coredns_tag=""
 if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then
     node_image="$KIND_NODE_IMAGE"
 elif ((!private_docker)) && timeout 120 docker pull -q "kindest/node:$KUBERNETES_VERSION" >/dev/null 2>&1; then
@@ -94,9 +93,11 @@ elif ((!private_docker)) && timeout 120 docker pull -q "kindest/node:$KUBERNETES
 else
     log "node image from the pinned builds (e2e/kind/node_image.py: assembled once, reused while its recipe holds)"
     node_image="$(python3 "$HERE/node_image.py" --kubernetes-version "$KUBERNETES_VERSION")"
-    etcd_tag="${ETCD_VERSION#v}-0" coredns_tag="$COREDNS_VERSION"
 fi
-if [[ -z "$etcd_tag" ]]; then  # a published image carries the versions kubeadm names
+# An image assembled here says which etcd and CoreDNS it carries; a published one carries what kubeadm names.
+label() { docker image inspect -f "{{index .Config.Labels \"dra-gpu.$1-image-tag\"}}" "$node_image" 2>/dev/null || true; }
+etcd_tag="$(label etcd)" coredns_tag="$(label coredns)"
+if [[ -z "$etcd_tag" ]]; then
     etcd_tag="$(kubeadm config images list --kubernetes-version "$KUBERNETES_VERSION" | sed -n 's|.*/etcd:||p')"
     coredns_tag="$(kubeadm config images list --kubernetes-version "$KUBERNETES_VERSION" | sed -n 's|.*/coredns:||p')"
 fi

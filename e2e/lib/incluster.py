@@ -20,24 +20,27 @@ class InClusterDriver:
         self.settings = settings
         self.kubectl = kubectl
         self.namespace = settings.chart_namespace
-        self._node: str | None = node_name or settings.node_name  # None: whichever plugin pod comes first
-        self.node_name: str = self._node or self._plugin_pod()["spec"]["nodeName"]
-        self._node = self.node_name
+        self.node_name: str = (
+            node_name or settings.node_name or self._live_plugin_pods(None)[0]["spec"]["nodeName"]
+        )
 
-    def _plugin_pod(self) -> dict[str, Any]:
-        """The live plugin pod on this driver's node (the first one found before the node is known)."""
+    def _live_plugin_pods(self, node: str | None) -> list[dict[str, Any]]:
+        """The plugin pods not being deleted, on `node` (None: on any node); at least one."""
         pods = [
             p
             for p in self.kubectl.items("pods", self.namespace, PLUGIN_SELECTOR)
-            if p["metadata"].get("deletionTimestamp") is None
-            and (self._node is None or p["spec"].get("nodeName") == self._node)
+            if p["metadata"].get("deletionTimestamp") is None and node in (None, p["spec"].get("nodeName"))
         ]
         if not pods:
-            where = f" on node {self._node}" if self._node else ""
+            where = f" on node {node}" if node else ""
             raise RuntimeError(
                 f"no kubelet-plugin pod ({PLUGIN_SELECTOR}) in namespace {self.namespace}{where}"
             )
-        return pods[0]
+        return pods
+
+    def _plugin_pod(self) -> dict[str, Any]:
+        """The live plugin pod on this driver's node."""
+        return self._live_plugin_pods(self.node_name)[0]
 
     def _exec(self, *command: str) -> str:
         pod = self._plugin_pod()["metadata"]["name"]

@@ -35,6 +35,8 @@ class E2ESettings:
     kubelet_dir: Path
     test_image: str
     node_name: str | None  # None: the cluster's only node
+    second_node: str | None  # a second GPU node with other hardware (kind), for e2e/test_two_nodes.py
+    kind_cluster: str | None  # the kind cluster e2e/kind/run.sh made; None: not a kind run
     plugin_port: int
     webhook_port: int
     namespace_prefix: str
@@ -109,6 +111,8 @@ def load_settings(env: Mapping[str, str] = os.environ) -> E2ESettings:
         kubelet_dir=Path(env.get("DRA_GPU_E2E_KUBELET_DIR", "/var/lib/kubelet")),
         test_image=env.get("DRA_GPU_E2E_TEST_IMAGE", "registry.local/busybox:1"),
         node_name=env.get("DRA_GPU_E2E_NODE") or None,
+        second_node=env.get("DRA_GPU_E2E_SECOND_NODE") or None,
+        kind_cluster=env.get("DRA_GPU_E2E_KIND_CLUSTER") or None,
         plugin_port=_int(env, "DRA_GPU_E2E_PLUGIN_PORT", 18080),
         webhook_port=_int(env, "DRA_GPU_E2E_WEBHOOK_PORT", 18443),
         namespace_prefix=env.get("DRA_GPU_E2E_NS_PREFIX", "e2e-"),
