@@ -23,7 +23,12 @@ from dra_gpu.hardware import profiles
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.loader import REAL, open_hardware
 from dra_gpu.hardware.nvml_hardware import NvmlHardware
-from dra_gpu.hardware.sim_driver_root import init_sim_driver_root, open_simulated_nvml, state_path
+from dra_gpu.hardware.sim_driver_root import (
+    init_sim_driver_root,
+    open_simulated_nvml,
+    state_path,
+    state_report,
+)
 from dra_gpu.hardware.simulator import nvml as simulator_nvml
 from dra_gpu.hardware.simulator.nvml import SimulatedNvml
 from dra_gpu.hardware.simulator.state import Fault, StateError, StateStore
@@ -196,29 +201,10 @@ def _init_sim(args: argparse.Namespace) -> int:
 
 
 def _state(args: argparse.Namespace) -> int:
-    store = StateStore(state_path(args.driver_root))
     try:
-        state = store.read()
+        data = state_report(args.driver_root)
     except StateError as err:
         return _fail(str(err))
-    data = state.to_json()
-    # static facts next to the mutable state, so tests can map indexes to minors and read profile names
-    gpus = profiles.simulated_gpus(state.layout(), state.seed)
-    data["devices"] = [
-        {
-            "index": g.index,
-            "minor": g.minor,
-            "uuid": g.uuid,
-            "product_name": g.profile.product_name,
-            "pci_bus_id": g.pci_bus_id,
-        }
-        for g in gpus
-    ]
-    for gpu, entry in zip(gpus, data["gpus"], strict=True):
-        entry.update(index=gpu.index, minor=gpu.minor)
-        names = {p.gi_profile_id: p.name for p in gpu.profile.mig_profiles}
-        for gi in entry["gpu_instances"]:
-            gi["profile"] = names.get(gi["profile_id"], str(gi["profile_id"]))
     print(json.dumps(data, indent=2, sort_keys=True) if args.output == "json" else yaml.safe_dump(data))
     return 0
 

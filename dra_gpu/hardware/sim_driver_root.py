@@ -14,7 +14,7 @@ Layout (what the plugin, CDI discovery and the sharing code look for under a rea
   `proc/driver/nvidia-caps/mig-minors`, following the driver's capability minor numbering.
 - `sys/bus/pci/devices/<bus id>` links into `sys/devices/<pcie root>/<bus id>`, where discovery reads the PCIe
   root.
-- `var/lib/nvml-sim/state.json`: the simulator state.
+- `var/lib/nvml-sim/state.json`: the simulator state; `var/lib/nvml-sim/mps/`: the MPS daemons' records.
 """
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ import shutil
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from dra_gpu.hardware import profiles
 from dra_gpu.hardware.sim_tools.compiled import compiled_tool
+from dra_gpu.hardware.sim_tools.mps_records import read_records
 from dra_gpu.hardware.simulator.nvml import SimulatedNvml
 from dra_gpu.hardware.simulator.state import SimState, StateStore
 
@@ -53,6 +55,32 @@ _MINORS_PER_GI = 1 + _CI_PER_GI
 
 def state_path(driver_root: str | os.PathLike[str]) -> Path:
     return Path(driver_root) / STATE_RELATIVE_PATH
+
+
+def state_report(driver_root: str | os.PathLike[str]) -> dict[str, Any]:
+    """What `dra-gpu hardware state` prints: the simulator state, with the static facts beside it (index,
+    minor and product per GPU, each GPU instance's profile name, so tests can map indexes to minors and read
+    profile names) and every simulated MPS control daemon's record under `mps` (by pipe directory)."""
+    state = StateStore(state_path(driver_root)).read()
+    data = state.to_json()
+    gpus = profiles.simulated_gpus(state.layout(), state.seed)
+    data["devices"] = [
+        {
+            "index": g.index,
+            "minor": g.minor,
+            "uuid": g.uuid,
+            "product_name": g.profile.product_name,
+            "pci_bus_id": g.pci_bus_id,
+        }
+        for g in gpus
+    ]
+    for gpu, entry in zip(gpus, data["gpus"], strict=True):
+        entry.update(index=gpu.index, minor=gpu.minor)
+        names = {p.gi_profile_id: p.name for p in gpu.profile.mig_profiles}
+        for gi in entry["gpu_instances"]:
+            gi["profile"] = names.get(gi["profile_id"], str(gi["profile_id"]))
+    data["mps"] = read_records(driver_root)
+    return data
 
 
 def gi_cap_minor(gpu_minor: int, gi_id: int) -> int:

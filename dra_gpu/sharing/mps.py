@@ -47,6 +47,7 @@ from dra_gpu.hardware.interface import GpuHardware, HardwareError
 from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.interface import CdiEdits, CdiMount, SharingError
 from dra_gpu.sharing.mps_pods import PodLauncher, pod_limit_env
+from dra_gpu.sharing.tmpfs import mount_tmpfs, unmount
 
 log = structlog.get_logger(__name__)
 
@@ -315,19 +316,13 @@ class MpsDaemons:
     def _mount_tmpfs(self, path: Path) -> bool:
         if not self._mount_shm:
             return False
-        size = _shm_size()
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"{SHM_OPTIONS},size={size}", "tmpfs", str(path)],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=30,
-        )
-        if done.returncode != 0:
+        try:
+            mount_tmpfs(path, f"{SHM_OPTIONS},size={_shm_size()}")
+        except OSError as err:
             log.warning(
                 "cannot mount tmpfs for MPS shared memory; using a plain directory (size not limited)",
                 path=str(path),
-                error=(done.stderr or done.stdout).strip(),
+                error=err.strerror,
             )
             return False
         return True
@@ -535,11 +530,10 @@ class MpsDaemons:
         self._faults("mps-quit-sent")
         shm = Path(record["shmDir"])
         if _is_mount_point(shm):
-            done = subprocess.run(
-                ["umount", str(shm)], capture_output=True, text=True, check=False, timeout=30
-            )
-            if done.returncode != 0:
-                problems.append(f"cannot unmount {shm}: {(done.stderr or done.stdout).strip()}")
+            try:
+                unmount(shm)
+            except OSError as err:
+                problems.append(f"cannot unmount {shm}: {err.strerror}")
         self._faults("mps-shm-unmounted")
         for uuid, mode in sorted(latest.get("computeModes", {}).items()):
             try:

@@ -73,20 +73,9 @@ def read_sim_state(driver_root: Path) -> dict[str, Any]:
     Read in-process through the simulator's own locked store (what the CLI does), because the suite polls it
     every second and a Python start-up per poll would cost a core on this machine.
     """
-    from dra_gpu.hardware import profiles
-    from dra_gpu.hardware.sim_driver_root import state_path
-    from dra_gpu.hardware.simulator.state import StateStore
+    from dra_gpu.hardware.sim_driver_root import state_report
 
-    sim = StateStore(state_path(driver_root)).read()
-    state: dict[str, Any] = sim.to_json()
-    # The CLI's additions: index and minor per GPU, the profile name of each GPU instance.
-    gpus = profiles.simulated_gpus(sim.layout(), sim.seed)
-    for gpu, entry in zip(gpus, state["gpus"], strict=True):
-        entry.update(index=gpu.index, minor=gpu.minor)
-        names = {p.gi_profile_id: p.name for p in gpu.profile.mig_profiles}
-        for gi in entry["gpu_instances"]:
-            gi["profile"] = names.get(gi["profile_id"], str(gi["profile_id"]))
-    return state
+    return state_report(driver_root)
 
 
 def read_sim_state_cli(driver_root: Path) -> dict[str, Any]:

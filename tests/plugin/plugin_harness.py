@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_gpu.hardware.sim_driver_root import init_sim_driver_root, state_path
+from dra_gpu.hardware.sim_tools.mps_records import read_records
 from dra_gpu.hardware.simulator.state import SimState, StateStore
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +58,10 @@ class SimNode:
 
     def sim_state(self) -> SimState:
         return StateStore(state_path(self.driver_root)).read()
+
+    def mps_records(self) -> dict[str, dict[str, Any]]:
+        """What each simulated MPS control daemon recorded, by pipe directory."""
+        return read_records(self.driver_root)
 
     def mig_instances(self) -> list[tuple[str, int]]:
         return [(g.uuid, gi.gi_id) for g in self.sim_state().gpus for gi in g.gpu_instances]

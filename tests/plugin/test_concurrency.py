@@ -155,12 +155,12 @@ def test_fractional_shares_of_one_gpu_are_prepared_side_by_side(
     _prepare_together(kubelet, shares)
     log = plugin.log_tail(400)
     assert "4 calls met at step prepare-started" in log, log
-    running = [r for r in node.sim_state().mps.values() if r.get("running")]
+    running = [r for r in node.mps_records().values() if r.get("running")]
     assert len(running) == 4 and {r["default_active_thread_percentage"] for r in running} == {10}
     with ThreadPoolExecutor(max_workers=4) as pool:
         undone = list(pool.map(lambda c: kubelet.unprepare([c]), shares))
     assert all(r.claims[c.uid].error == "" for r, c in zip(undone, shares, strict=True))
-    assert not [r for r in node.sim_state().mps.values() if r.get("running")]
+    assert not [r for r in node.mps_records().values() if r.get("running")]
     kubelet.close()
 
 
@@ -182,7 +182,7 @@ def test_repeated_calls_for_shares_of_one_gpu_each_get_one_daemon(
         assert response.claims[claim.uid].error == "", response.claims[claim.uid].error
         answers.setdefault(claim.uid, set()).add(repr(devices_of(response, claim.uid)))
     assert all(len(a) == 1 for a in answers.values())
-    running = [r for r in node.sim_state().mps.values() if r.get("running")]
+    running = [r for r in node.mps_records().values() if r.get("running")]
     assert len(running) == 3 and len({r["pid"] for r in running}) == 3
     daemons = {uid: [g["state"]["mpsDaemon"]["pipeDir"] for g in e["groups"]]
                for uid, e in node.checkpoint()["claims"].items()}  # fmt: skip
@@ -190,6 +190,6 @@ def test_repeated_calls_for_shares_of_one_gpu_each_get_one_daemon(
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         undone = list(pool.map(lambda c: kubelet.unprepare([c]), shares * 2))
     assert all(r.claims[c.uid].error == "" for r, c in zip(undone, shares * 2, strict=True))
-    assert not [r for r in node.sim_state().mps.values() if r.get("running")]
+    assert not [r for r in node.mps_records().values() if r.get("running")]
     assert node.checkpoint()["claims"] == {} and node.cdi_files() == []
     kubelet.close()

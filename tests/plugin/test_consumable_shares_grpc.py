@@ -57,7 +57,7 @@ def test_two_memory_shares_of_one_gpu_prepare_and_unprepare_independently(
     running = daemons(node)
     assert len(running) == 2
     limits = [
-        node.sim_state().mps[record["pipeDir"]]["default_pinned_mem_limits"] for record in running.values()
+        node.mps_records()[record["pipeDir"]]["default_pinned_mem_limits"] for record in running.values()
     ]
     uuid = next(iter(limits[0]))
     assert sorted(limit[uuid] for limit in limits) == ["4096M", "8192M"]
@@ -65,7 +65,7 @@ def test_two_memory_shares_of_one_gpu_prepare_and_unprepare_independently(
     assert kubelet.unprepare([a]).claims[a.uid].error == ""
     assert set(node.checkpoint()["claims"]) == {b.uid}
     (left,) = daemons(node).values()
-    assert node.sim_state().mps[left["pipeDir"]]["default_pinned_mem_limits"] == {uuid: "8192M"}
+    assert node.mps_records()[left["pipeDir"]]["default_pinned_mem_limits"] == {uuid: "8192M"}
     assert process_start_time(left["pid"]) == left["startTime"]  # untouched by the other's unprepare
     assert kubelet.unprepare([b]).claims[b.uid].error == ""
     assert node.checkpoint()["claims"] == {} and daemons(node) == {}

@@ -51,7 +51,7 @@ def daemons(node: SimNode) -> dict[str, dict[str, Any]]:
 
 
 def sim_record(node: SimNode, pipe_dir: str) -> dict[str, Any]:
-    record: dict[str, Any] = node.sim_state().mps[pipe_dir]
+    record: dict[str, Any] = node.mps_records()[pipe_dir]
     return record
 
 

@@ -128,12 +128,12 @@ def test_unowned_mps_daemon_is_stopped_at_start(
         kubelet.prepare([claim])
     kubelet.close()
     doomed.wait_dead()
-    running = [(k, v["pid"]) for k, v in node.sim_state().mps.items() if v.get("running")]
+    running = [(k, v["pid"]) for k, v in node.mps_records().items() if v.get("running")]
     assert len(running) == 1 and pid_alive(running[0][1])
 
     start_plugin()
     wait_gone(running[0][1])
-    assert not node.sim_state().mps[running[0][0]]["running"]
+    assert not node.mps_records()[running[0][0]]["running"]
     assert not (node.plugin_dir / "mps").exists() or list((node.plugin_dir / "mps").iterdir()) == []
     claims.delete("mps", name)
 

@@ -14,6 +14,7 @@ from typing import Any
 from dra_gpu.hardware.loader import open_hardware
 from dra_gpu.hardware.nvml_hardware import NvmlHardware
 from dra_gpu.hardware.sim_driver_root import state_path
+from dra_gpu.hardware.sim_tools.mps_records import read_records
 from dra_gpu.hardware.simulator.state import GpuState, SimState, StateStore
 from dra_gpu.inventory.device_model import build_device_model
 from dra_gpu.inventory.model import Device, DeviceModel
@@ -58,7 +59,7 @@ class SimNode:
         return HardwareSharingManager(self.hardware, self.plugin_dir, **kw)
 
     def mps_records(self) -> dict[str, dict[str, Any]]:
-        return {k: v for k, v in self.state().mps.items() if isinstance(v, dict)}
+        return read_records(self.root)
 
     def running_daemons(self) -> list[dict[str, Any]]:
         return [r for r in self.mps_records().values() if r.get("running") and pid_alive(r.get("pid"))]

@@ -7,6 +7,7 @@ twin (sim_tools/mps_control.go), which the simulated driver roots use when Go ca
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import time
@@ -15,7 +16,15 @@ from pathlib import Path
 import pytest
 from sim_node import SimNode, pid_alive
 
+from dra_gpu.hardware.sim_driver_root import state_path
 from dra_gpu.hardware.sim_tools.compiled import ENV, CompiledToolError, compiled_tool
+from dra_gpu.hardware.sim_tools.mps_records import (
+    KEEP_STOPPED,
+    read_records,
+    record_key,
+    records_dir,
+    write_stopped,
+)
 
 
 @pytest.fixture(autouse=True, params=["python", "compiled"])
@@ -90,8 +99,6 @@ def test_daemon_client_round_trip_and_quit(node: SimNode, env: dict[str, str]) -
     finally:
         if pid_alive(pid):
             os.kill(pid, 9)
-        import shutil
-
         shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)
 
 
@@ -135,8 +142,6 @@ def test_the_thread_limit_in_the_daemons_environment_is_its_default_from_the_sta
         deadline = time.monotonic() + 10
         while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        import shutil
-
         shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)
 
 
@@ -177,8 +182,6 @@ def test_the_daemon_serves_one_control_session_at_a_time(node: SimNode, env: dic
         deadline = time.monotonic() + 10
         while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        import shutil
-
         shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)
 
 
@@ -209,6 +212,43 @@ def test_a_foreground_multi_user_daemon_stops_cleanly_on_sigterm(node: SimNode, 
     finally:
         daemon.kill()
         daemon.wait(10)
-        import shutil
-
         shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)
+
+
+def _wait_exit(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not pid_alive(pid)
+
+
+def test_records_are_files_of_their_own(node: SimNode, env: dict[str, str]) -> None:
+    """A daemon's commands leave the simulator state alone (the plugin's parsed copy of it stays valid); its
+    record moves to the stopped name when it quits, a new daemon of the same pipe directory is the one
+    reported, and only the newest KEEP_STOPPED stopped records are kept."""
+    records = records_dir(node.root)
+    pipe = env["CUDA_MPS_PIPE_DIRECTORY"]
+    for n in range(KEEP_STOPPED):  # older daemons of other pipe directories, the first one the oldest
+        write_stopped(node.root, {"pipe_dir": f"/old/{n}", "running": False, "started": float(n)})
+        path = records / f"{record_key(f'/old/{n}')}.stopped.json"
+        os.utime(path, ns=(n * 10**9, n * 10**9))
+    state_file = state_path(node.root)
+    before = (os.stat(state_file).st_mtime_ns, state_file.read_bytes())
+    for _round in range(2):
+        assert control(node, env, "-d").returncode == 0
+        pid = int((Path(pipe) / "nvidia-cuda-mps-control.pid").read_text())
+        assert control(node, env, stdin="set_default_active_thread_percentage 20\n").returncode == 0
+        assert (records / f"{record_key(pipe)}.json").is_file()
+        record = read_records(node.root)[pipe]
+        assert record["running"] and record["pid"] == pid and record["default_active_thread_percentage"] == 20
+        assert control(node, env, stdin="quit\n").returncode == 0
+        _wait_exit(pid)
+        assert not (records / f"{record_key(pipe)}.json").exists()
+        stopped = read_records(node.root)[pipe]
+        assert stopped["running"] is False and stopped["pid"] == pid
+        commands = [c["command"] for c in stopped["commands"]]
+        assert commands == ["set_default_active_thread_percentage 20", "quit"]
+    shutil.rmtree(node.plugin_dir / "mps")
+    assert (os.stat(state_file).st_mtime_ns, state_file.read_bytes()) == before
+    kept = read_records(node.root)
+    assert len(kept) == KEEP_STOPPED and "/old/0" not in kept and "/old/1" in kept and pipe in kept

@@ -1,10 +1,10 @@
 // The simulated nvidia-cuda-mps-control, compiled: the same tool as mps_control.py, for speed.
 //
 // mps_control.py is the reference and its docstring says what the tool does; this program does the same with
-// the same files (pipe directory, control socket, control_lock, pid file, control.log) and records the same
-// entries in the simulator state (`mps[<pipe dir>]`, under the state's lock, bumping its write counter as
-// StateStore does). A real control daemon starts in milliseconds; the Python one costs an interpreter start
-// per run (50-150 ms), which made the simulator, not the driver, the bottleneck of every MPS benchmark.
+// the same files (pipe directory, control socket, control_lock, pid file, control.log) and writes the same
+// records (one file per daemon beside the simulator state, in mps_records.py's format). A real control
+// daemon starts in milliseconds; the Python one costs an interpreter start per run (50-150 ms), which made
+// the simulator, not the driver, the bottleneck of every MPS benchmark.
 // sim_driver_root.py builds this file with `go build` when Go is installed and points the driver root's shim
 // at the result; without Go the shim runs mps_control.py. tests/hardware/test_sim_mps_control.py runs the
 // tool's behaviour against both.
@@ -17,6 +17,8 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -45,7 +47,8 @@ const (
 	defaultPipeDir    = "/tmp/nvidia-mps"
 	defaultLogDir     = "/var/log/nvidia-mps"
 	statePath         = "var/lib/nvml-sim/state.json"
-	keepStopped       = 50
+	recordsDir        = "var/lib/nvml-sim/mps" // mps_records.py's RECORDS_DIR
+	keepStopped       = 50                     // mps_records.py's KEEP_STOPPED
 	daemonChildFlag   = "--daemon-child"
 )
 
@@ -89,9 +92,9 @@ func pyRepr(s string) string {
 
 // ------------------------------------------------------------------------------------------ simulator state
 
-// stateStore is StateStore's protocol: flock on `state.json.lock`, the file replaced by a rename, and a write
-// counter in the lock file's first 20 bytes that readers use to know their cached copy is stale.
-type stateStore struct{ path, lockPath string }
+// stateStore reads the simulator state as StateStore does: under a shared flock on `state.json.lock`. The
+// daemons never write it; they keep their own record files (record below).
+type stateStore struct{ root, path, lockPath string }
 
 func openStore() *stateStore {
 	root := os.Getenv("DRA_GPU_SIM_ROOT")
@@ -99,7 +102,7 @@ func openStore() *stateStore {
 		return nil
 	}
 	path := filepath.Join(root, statePath)
-	return &stateStore{path: path, lockPath: path + ".lock"}
+	return &stateStore{root: root, path: path, lockPath: path + ".lock"}
 }
 
 func (s *stateStore) locked(exclusive bool, fn func(lock *os.File) error) error {
@@ -145,35 +148,6 @@ func (s *stateStore) read() (map[string]any, error) {
 	return state, err
 }
 
-func (s *stateStore) transaction(change func(state map[string]any)) error {
-	return s.locked(true, func(lock *os.File) error {
-		state, err := s.load()
-		if err != nil {
-			return err
-		}
-		change(state)
-		var out bytes.Buffer
-		encoder := json.NewEncoder(&out)
-		encoder.SetEscapeHTML(false)
-		encoder.SetIndent("", " ")
-		if err := encoder.Encode(state); err != nil {
-			return err
-		}
-		tmp := filepath.Join(filepath.Dir(s.path), fmt.Sprintf(".%s.%d.tmp", filepath.Base(s.path), os.Getpid()))
-		if err := os.WriteFile(tmp, bytes.TrimRight(out.Bytes(), "\n"), 0o644); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, s.path); err != nil {
-			return err
-		}
-		counter := make([]byte, 20)
-		n, _ := lock.ReadAt(counter, 0)
-		value, _ := strconv.Atoi(strings.TrimSpace(string(counter[:n])))
-		_, err = lock.WriteAt([]byte(fmt.Sprintf("%-20d", value+1)), 0)
-		return err
-	})
-}
-
 func knownUUIDs(state map[string]any) map[string]bool {
 	known := map[string]bool{}
 	gpus, _ := state["gpus"].([]any)
@@ -204,6 +178,7 @@ type daemon struct {
 	threadPercentage *int
 	pinned           map[string]string
 	multiUser        bool
+	entry            map[string]any // this daemon's record
 }
 
 func (d *daemon) log(text string) {
@@ -228,59 +203,75 @@ func (d *daemon) limits(entry map[string]any) {
 	entry["default_pinned_mem_limits"] = pinned
 }
 
-func mpsEntries(state map[string]any) map[string]any {
-	entries, ok := state["mps"].(map[string]any)
-	if !ok {
-		entries = map[string]any{}
-		state["mps"] = entries
-	}
-	return entries
-}
-
-func entryFor(entries map[string]any, key string) map[string]any {
-	entry, ok := entries[key].(map[string]any)
-	if !ok {
-		entry = map[string]any{}
-		entries[key] = entry
-	}
-	return entry
-}
-
+// record updates this daemon's record file (mps_records.py's format): `<key>.json` while it runs, then
+// `<key>.stopped.json`, dropping the oldest stopped records beyond keepStopped. Only this daemon writes its
+// file (temp file and rename), so no lock is taken and the simulator state is left alone.
 func (d *daemon) record(changes map[string]any) {
 	if d.store == nil {
 		return
 	}
-	_ = d.store.transaction(func(state map[string]any) {
-		entries := mpsEntries(state)
-		entry := entryFor(entries, d.pipeDir)
-		for k, v := range changes {
-			entry[k] = v
-		}
-		d.limits(entry)
-		// The oldest stopped daemons go first; the state file keeps its keys sorted, as Python's does.
-		var stopped []string
-		for key, value := range entries {
-			if e, ok := value.(map[string]any); ok && e["running"] != true {
-				stopped = append(stopped, key)
+	for k, v := range changes {
+		d.entry[k] = v
+	}
+	d.limits(d.entry)
+	dir := filepath.Join(d.store.root, recordsDir)
+	sum := sha256.Sum256([]byte(d.pipeDir))
+	key := hex.EncodeToString(sum[:])[:24]
+	if d.entry["running"] == true {
+		_ = writeJSON(filepath.Join(dir, key+".json"), d.entry)
+		return
+	}
+	if writeJSON(filepath.Join(dir, key+".stopped.json"), d.entry) != nil {
+		return
+	}
+	_ = os.Remove(filepath.Join(dir, key+".json"))
+	items, _ := os.ReadDir(dir)
+	type stoppedRecord struct {
+		mtime int64
+		path  string
+	}
+	var stopped []stoppedRecord
+	for _, item := range items {
+		if strings.HasSuffix(item.Name(), ".stopped.json") {
+			if info, err := item.Info(); err == nil {
+				stopped = append(stopped, stoppedRecord{info.ModTime().UnixNano(), filepath.Join(dir, item.Name())})
 			}
 		}
-		sort.Strings(stopped)
-		for i := 0; i < len(stopped)-keepStopped; i++ {
-			delete(entries, stopped[i])
+	}
+	sort.Slice(stopped, func(i, j int) bool {
+		if stopped[i].mtime != stopped[j].mtime {
+			return stopped[i].mtime < stopped[j].mtime
 		}
+		return stopped[i].path < stopped[j].path
 	})
+	for i := 0; i < len(stopped)-keepStopped; i++ {
+		_ = os.Remove(stopped[i].path)
+	}
+}
+
+// writeJSON replaces path with value as compact JSON with sorted keys, as json.dumps(sort_keys=True) writes.
+func writeJSON(path string, value any) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o777); err != nil {
+		return err
+	}
+	var buffer bytes.Buffer
+	encoder := json.NewEncoder(&buffer)
+	encoder.SetEscapeHTML(false) // maps are encoded with sorted keys
+	if err := encoder.Encode(value); err != nil {
+		return err
+	}
+	out := bytes.TrimRight(buffer.Bytes(), "\n")
+	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".%s.%d.tmp", filepath.Base(path), os.Getpid()))
+	if err := os.WriteFile(tmp, out, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 func (d *daemon) recordCommand(line string, ok bool) {
-	if d.store == nil {
-		return
-	}
-	_ = d.store.transaction(func(state map[string]any) {
-		entry := entryFor(mpsEntries(state), d.pipeDir)
-		commands, _ := entry["commands"].([]any)
-		entry["commands"] = append(commands, map[string]any{"command": line, "ok": ok})
-		d.limits(entry)
-	})
+	commands, _ := d.entry["commands"].([]any)
+	d.entry["commands"] = append(commands, map[string]any{"command": line, "ok": ok})
+	d.record(nil)
 }
 
 func (d *daemon) device(spec string) (string, error) {
@@ -481,7 +472,7 @@ func newDaemon(multiUser bool) (*daemon, error) {
 			visible = append(visible, part)
 		}
 	}
-	d := &daemon{pipeDir: pipeDir, logDir: logDir, visible: visible, store: openStore(),
+	d := &daemon{pipeDir: pipeDir, logDir: logDir, visible: visible, store: openStore(), entry: map[string]any{},
 		pinned: map[string]string{}, multiUser: multiUser}
 	// The daemon-level default from its own environment (MPS docs 4.2.5); CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
 	// there is ignored, as a real daemon ignores it.

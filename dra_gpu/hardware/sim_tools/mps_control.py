@@ -8,8 +8,9 @@
 The daemon is a real, detached process (double fork + setsid, so it outlives whoever started it). It serves a
 Unix socket `control` in `CUDA_MPS_PIPE_DIRECTORY` (default /tmp/nvidia-mps), writes `control.log` in
 `CUDA_MPS_LOG_DIRECTORY` (default /var/log/nvidia-mps) and its pid to `nvidia-cuda-mps-control.pid` in the
-pipe directory. Every command it receives, and the limits it holds, are recorded in the simulator state under
-`mps[<pipe dir>]`, so tests and `dra-gpu hardware state` can see what the driver asked for.
+pipe directory. Every command it receives, and the limits it holds, are recorded in the daemon's own record
+file beside the simulator state (mps_records.py), so tests and `dra-gpu hardware state` can see what the
+driver asked for.
 
 Commands (a subset of the real tool's): `get_server_list`, `set_default_active_thread_percentage N`,
 `get_default_active_thread_percentage`, `set_default_device_pinned_mem_limit DEV VALUE`,
@@ -37,6 +38,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dra_gpu.hardware.sim_tools import mps_records
+
 # Imported where used: the simulator package loads the whole simulated NVML (~150 ms), which the client mode
 # (every `echo CMD | nvidia-cuda-mps-control`) does not need.
 if TYPE_CHECKING:
@@ -51,7 +54,6 @@ LOG_FILE = "control.log"
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 DEFAULT_LOG_DIR = "/var/log/nvidia-mps"
 STATE_PATH = "var/lib/nvml-sim/state.json"
-KEEP_STOPPED = 50  # stopped daemons kept in the state for inspection (the oldest are dropped)
 _LIMIT_RE = re.compile(r"^([0-9]+)([MG])$")
 
 
@@ -83,7 +85,8 @@ class Daemon:
         self.log_dir = log_dir
         self.visible = visible
         self.store = store
-        self.key = str(pipe_dir)
+        self.driver_root = os.environ.get("DRA_GPU_SIM_ROOT", "")
+        self.entry: dict[str, Any] = {}
         self.thread_percentage: int | None = None
         self.pinned: dict[str, str] = {}
         self.multi_user = False
@@ -93,25 +96,20 @@ class Daemon:
             out.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {text}\n")
 
     def record(self, **changes: Any) -> None:
+        """Update this daemon's record (mps_records.py), the limits it holds included."""
         if self.store is None:
             return
-        with self.store.transaction() as state:
-            entry = state.mps.setdefault(self.key, {})
-            entry.update(changes)
-            entry["default_active_thread_percentage"] = self.thread_percentage
-            entry["default_pinned_mem_limits"] = dict(self.pinned)
-            stopped = [k for k, v in state.mps.items() if isinstance(v, dict) and not v.get("running")]
-            for old in stopped[:-KEEP_STOPPED]:
-                del state.mps[old]
+        self.entry.update(changes)
+        self.entry["default_active_thread_percentage"] = self.thread_percentage
+        self.entry["default_pinned_mem_limits"] = dict(self.pinned)
+        if self.entry.get("running"):
+            mps_records.write_running(self.driver_root, self.entry)
+        else:
+            mps_records.write_stopped(self.driver_root, self.entry)
 
     def record_command(self, line: str, ok: bool) -> None:
-        if self.store is None:
-            return
-        with self.store.transaction() as state:
-            entry = state.mps.setdefault(self.key, {})
-            entry.setdefault("commands", []).append({"command": line, "ok": ok})
-            entry["default_active_thread_percentage"] = self.thread_percentage
-            entry["default_pinned_mem_limits"] = dict(self.pinned)
+        self.entry.setdefault("commands", []).append({"command": line, "ok": ok})
+        self.record()
 
     def device(self, spec: str) -> str:
         if spec in self.visible:

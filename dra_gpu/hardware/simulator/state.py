@@ -1,19 +1,16 @@
 """The simulator's persistent state: one JSON file guarded by an fcntl lock.
 
-Everything that can change on real hardware (MIG mode, GPU/compute instances, compute mode, time-slice, MPS
-records, injected faults) lives here, so the plugin, the fake `nvidia-smi`/`nvidia-cuda-mps-control` and the
-tests
-in other processes all see one machine. What cannot change (the GPUs themselves) is derived from `hardware` +
-`seed`
-through `dra_gpu.hardware.profiles`.
+Everything that can change on real hardware (MIG mode, GPU/compute instances, compute mode, time-slice,
+injected faults) lives here, so the plugin, the fake `nvidia-smi`/`nvidia-cuda-mps-control` and the tests in
+other processes all see one machine. What cannot change (the GPUs themselves) is derived from `hardware` +
+`seed` through `dra_gpu.hardware.profiles`. The fake MPS control daemons keep their records in files of their
+own beside this one (sim_tools/mps_records.py): they change with every command, and this file does not have
+to.
 
 Writes replace the file atomically (write to a temporary file, then rename) under an exclusive lock on a
-separate
-lock file and bump a write counter kept in that lock file; reads take a shared lock and reuse the parsed state
-while
-the counter is unchanged (file timestamps are too coarse to tell two quick writes apart), which keeps
-discovery of a
-DGX at a few milliseconds.
+separate lock file and bump a write counter kept in that lock file; reads take a shared lock and reuse the
+parsed state while the counter is unchanged (file timestamps are too coarse to tell two quick writes apart),
+which keeps discovery of a DGX at a few milliseconds.
 """
 
 from __future__ import annotations
@@ -98,7 +95,6 @@ class SimState:
     gpus: list[GpuState]
     mig_serial: int = 0  # bumps on every MIG device creation, so re-created devices get new UUIDs
     resets: int = 0
-    mps: dict[str, Any] = field(default_factory=dict)  # owned by the fake nvidia-cuda-mps-control
     faults: list[Fault] = field(default_factory=list)
     events: list[SimEvent] = field(default_factory=list)
     event_seq: int = 0  # seq of the last event raised
@@ -139,7 +135,6 @@ class SimState:
             gpus=gpus,
             mig_serial=data.get("mig_serial", 0),
             resets=data.get("resets", 0),
-            mps=dict(data.get("mps", {})),
             faults=[Fault(**f) for f in data.get("faults", [])],
             events=[SimEvent(**e) for e in data.get("events", [])],
             event_seq=data.get("event_seq", 0),
