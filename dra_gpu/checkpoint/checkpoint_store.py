@@ -274,6 +274,8 @@ class CheckpointStore:
         self._depth = 0
         self._lock_fd: int | None = None
         self._last: tuple[tuple[int, int, int], Checkpoint] | None = None  # (file identity, what it holds)
+        self._pending_lock = threading.Lock()
+        self._pending: list[_Update] = []  # update_claim's changes not yet written
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -295,6 +297,56 @@ class CheckpointStore:
                     self._lock_fd = None
         finally:
             self._thread_lock.release()
+
+    def update_claim(self, uid: str, entry: ClaimEntry | None, *, durable: bool = True) -> Checkpoint:
+        """Record (or with None, drop) one claim's entry, leaving every other claim's as the file has it, and
+        return the checkpoint as written.
+
+        Group commit: updates that queue behind the lock meanwhile are written together, by whichever of their
+        threads gets it first, in one write (durable when any of them asked for it). Each call still returns
+        only after a write that holds its change, or raises the error of that write; a claim's calls never
+        overlap (GpuLocks.claim), so one write holds at most one change per claim. Under a burst of prepares
+        this turns one whole-file write per change into one per turn of the lock."""
+        update = _Update(uid, entry, durable)
+        with self._pending_lock:
+            self._pending.append(update)
+        try:
+            with self.locked():
+                if not update.done.is_set():
+                    self._write_pending()
+        except CheckpointLockError:
+            with self._pending_lock:
+                if update in self._pending:  # nobody took it: it is not written, ever
+                    self._pending.remove(update)
+                    raise
+            update.done.wait()  # the thread that took it holds the lock and is writing it now
+        if update.error is not None:
+            raise update.error
+        if update.written is None:  # the writing thread was interrupted (BaseException)
+            raise CheckpointWriteError(f"{self.path}: the write of claim {uid}'s entry was interrupted")
+        return update.written
+
+    def _write_pending(self) -> None:
+        """Inside `locked()`: write every queued update (this thread's among them) in one go."""
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        try:
+            checkpoint = self.read(shared=True)
+            for update in batch:
+                if update.entry is None:
+                    checkpoint.claims.pop(update.uid, None)
+                else:
+                    checkpoint.claims[update.uid] = update.entry
+            self.write(checkpoint, durable=any(update.durable for update in batch))
+            for update in batch:
+                update.written = checkpoint
+        except Exception as exc:
+            error = exc if isinstance(exc, CheckpointError) else CheckpointWriteError(f"{self.path}: {exc!r}")
+            for update in batch:
+                update.error = error
+        finally:
+            for update in batch:
+                update.done.set()
 
     def _take_file_lock(self) -> int:
         try:
@@ -370,6 +422,18 @@ class CheckpointStore:
             self._last = (_identity(os.stat(self.path)), written)
         except OSError:
             pass  # the next read parses the file
+
+
+@dataclass(eq=False)  # compared by identity: two updates of one claim are two updates
+class _Update:
+    """One claim's change waiting to be written by `update_claim`."""
+
+    uid: str
+    entry: ClaimEntry | None
+    durable: bool
+    written: Checkpoint | None = None
+    error: CheckpointError | None = None
+    done: threading.Event = field(default_factory=threading.Event)
 
 
 def _identity(stat: os.stat_result) -> tuple[int, int, int]:

@@ -329,14 +329,13 @@ class PrepareService:
             return copy.deepcopy(self._read(ref, shared=True).claims.get(ref.uid))
 
     def _commit(self, ref: ClaimRef, entry: ClaimEntry | None, *, durable: bool = True) -> None:
-        """Record (or with None, drop) this claim's entry, leaving every other claim's as the file has it."""
-        with self._locked(ref):
-            checkpoint = self._read(ref, shared=True)
-            if entry is None:
-                checkpoint.claims.pop(ref.uid, None)
-            else:
-                checkpoint.claims[ref.uid] = entry
-            self._write(ref, checkpoint, durable=durable)
+        """Record (or with None, drop) this claim's entry, leaving every other claim's as the file has it;
+        written together with other claims' commits queued meanwhile (CheckpointStore.update_claim)."""
+        try:
+            checkpoint = self.checkpoints.update_claim(ref.uid, entry, durable=durable)
+        except CheckpointError as exc:
+            raise ClaimError("checkpoint", f"claim {ref}: {exc}") from exc
+        self._update_gauges(checkpoint)
 
     def _completed_answer(self, ref: ClaimRef, entry: ClaimEntry) -> PrepareOutcome | None:
         """The stored answer of a completed claim, its CDI spec written again if it is gone; None when the

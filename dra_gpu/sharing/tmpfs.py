@@ -9,7 +9,6 @@ through libc with ctypes (which pynvml loads anyway).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import os
 from pathlib import Path
@@ -38,7 +37,8 @@ def mount_flags(options: str) -> tuple[int, str]:
 
 @functools.cache
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # The interpreter's own symbols, libc's among them (find_library would run ldconfig to find the file).
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str, path: Path) -> None:

@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -261,3 +261,98 @@ def test_the_written_file_is_the_detached_json_and_to_json_copies_by_default(tmp
     assert "changed" not in checkpoint.claims["u1"].groups[0].state
     shared = checkpoint.to_json(detached=False)
     assert shared["claims"]["u1"]["groups"][0]["state"] == checkpoint.claims["u1"].groups[0].state
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert condition(), "timed out"
+
+
+def test_updates_queued_behind_the_lock_are_written_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: eight claims' updates that wait for the lock cost one write, durable because one of
+    them asked for it, and every call returns only once its change is in the file."""
+    store = CheckpointStore(tmp_path, boot_id="b")
+    with store.locked():
+        store.write(Checkpoint(boot_id="b", claims={"gone": entry("gone")}))
+    writes: list[bool] = []
+    real_write = store.write
+
+    def counted_write(checkpoint: Checkpoint, durable: bool = True) -> None:
+        writes.append(durable)
+        real_write(checkpoint, durable=durable)
+
+    monkeypatch.setattr(store, "write", counted_write)
+    returned: dict[str, Checkpoint] = {}
+    updates = [(f"uid-{n}", entry(f"uid-{n}")) for n in range(7)] + [("gone", None)]
+
+    def update(uid: str, new: ClaimEntry | None) -> None:
+        returned[uid] = store.update_claim(uid, new, durable=uid == "uid-3")
+
+    threads = [threading.Thread(target=update, args=pair) for pair in updates]
+    with store.locked():  # another call holds the lock while all eight queue up
+        for thread in threads:
+            thread.start()
+        _wait_until(lambda: len(store._pending) == len(updates))
+        assert returned == {}
+    for thread in threads:
+        thread.join(10)
+    assert writes == [True]
+    on_disk = json.loads(store.path.read_text())["claims"]
+    assert sorted(on_disk) == [f"uid-{n}" for n in range(7)]
+    assert all(sorted(cp.claims) == sorted(on_disk) for cp in returned.values())
+
+
+def test_a_failed_group_write_fails_every_update_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CheckpointStore(tmp_path, boot_id="b")
+    with store.locked():
+        store.write(Checkpoint(boot_id="b", claims={"kept": entry("kept")}))
+    before = store.path.read_bytes()
+
+    def full(_checkpoint: Checkpoint, durable: bool = True) -> None:
+        raise CheckpointWriteError(f"writing {store.path}: disk full")
+
+    monkeypatch.setattr(store, "write", full)
+    errors: list[str] = []
+
+    def update(uid: str) -> None:
+        try:
+            store.update_claim(uid, entry(uid))
+        except CheckpointWriteError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=update, args=(f"uid-{n}",)) for n in range(3)]
+    with store.locked():
+        for thread in threads:
+            thread.start()
+        _wait_until(lambda: len(store._pending) == 3)
+    for thread in threads:
+        thread.join(10)
+    assert errors == [f"writing {store.path}: disk full"] * 3
+    assert store.path.read_bytes() == before
+
+
+def test_an_update_that_timed_out_on_the_lock_is_never_written(tmp_path: Path) -> None:
+    """Its caller was told it failed (and rolls back): a later group write must not carry it in."""
+    store = CheckpointStore(tmp_path, boot_id="b", queue_timeout_s=0.2)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store.locked():
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    with pytest.raises(CheckpointLockError):
+        store.update_claim("late", entry("late"))
+    release.set()
+    holder.join(10)
+    store.update_claim("next", entry("next"))
+    assert sorted(json.loads(store.path.read_text())["claims"]) == ["next"]
