@@ -10,8 +10,10 @@ Guarantees:
 - Atomic replacement: temp file in the same directory, fsync, rename, fsync of the directory. A failed write
   (disk full, read-only) raises `CheckpointWriteError` and leaves the previous file as it was.
 - One writer per node: `locked()` takes an in-process lock and an `flock` on `checkpoint.lock`, so two
-  plugin instances (rolling update) never interleave their read-modify-write cycles. Each cycle is short
-  (one claim's entry changes); concurrency between claims comes from `GpuLocks`, not from here.
+  plugin instances (rolling update) never interleave their read-modify-write cycles. Each cycle is short;
+  concurrency between claims comes from `GpuLocks`, not from here. `update_claim` writes the claim updates
+  that queued behind the lock meanwhile in one cycle (group commit), so a burst of prepares costs one write
+  per turn of the lock, not one per update.
 - Cheap reads on the prepare path: `read(shared=True)` gives the file as this process last wrote it, kept
   parsed, while the file is still that one (same inode, size and mtime: every write renames a new inode into
   place, ours or another instance's). Its entries are shared with the cache and must not be changed in place
@@ -298,16 +300,25 @@ class CheckpointStore:
         finally:
             self._thread_lock.release()
 
-    def update_claim(self, uid: str, entry: ClaimEntry | None, *, durable: bool = True) -> Checkpoint:
+    def update_claim(
+        self,
+        uid: str,
+        entry: ClaimEntry | None,
+        *,
+        durable: bool = True,
+        check: Callable[[Checkpoint], None] | None = None,
+    ) -> Checkpoint:
         """Record (or with None, drop) one claim's entry, leaving every other claim's as the file has it, and
-        return the checkpoint as written.
+        return the checkpoint as written. `check`, when given, sees the checkpoint just before this change is
+        made, under the lock (with the changes written in the same go before it), and may refuse the change
+        by raising: the change is then left out and its exception raised here.
 
         Group commit: updates that queue behind the lock meanwhile are written together, by whichever of their
         threads gets it first, in one write (durable when any of them asked for it). Each call still returns
         only after a write that holds its change, or raises the error of that write; a claim's calls never
         overlap (GpuLocks.claim), so one write holds at most one change per claim. Under a burst of prepares
         this turns one whole-file write per change into one per turn of the lock."""
-        update = _Update(uid, entry, durable)
+        update = _Update(uid, entry, durable, check)
         with self._pending_lock:
             self._pending.append(update)
         try:
@@ -330,20 +341,30 @@ class CheckpointStore:
         """Inside `locked()`: write every queued update (this thread's among them) in one go."""
         with self._pending_lock:
             batch, self._pending = self._pending, []
+        applied: list[_Update] = []
         try:
             checkpoint = self.read(shared=True)
             for update in batch:
+                if update.check is not None:
+                    try:
+                        update.check(checkpoint)
+                    except Exception as refused:
+                        update.error = refused
+                        continue
                 if update.entry is None:
                     checkpoint.claims.pop(update.uid, None)
                 else:
                     checkpoint.claims[update.uid] = update.entry
-            self.write(checkpoint, durable=any(update.durable for update in batch))
-            for update in batch:
+                applied.append(update)
+            if applied:
+                self.write(checkpoint, durable=any(update.durable for update in applied))
+            for update in applied:
                 update.written = checkpoint
         except Exception as exc:
             error = exc if isinstance(exc, CheckpointError) else CheckpointWriteError(f"{self.path}: {exc!r}")
             for update in batch:
-                update.error = error
+                if update.error is None:
+                    update.error = error
         finally:
             for update in batch:
                 update.done.set()
@@ -363,11 +384,17 @@ class CheckpointStore:
         return fd
 
     def read(self, *, shared: bool = False) -> Checkpoint:
+        """The checkpoint as the file holds it. Inside `locked()` for a read-modify-write; outside it, a
+        snapshot at least as new as every write this process has finished, which is enough to read a claim's
+        own entry while that claim's calls are kept apart (GpuLocks.claim). Safe without the lock because
+        every write renames a whole new file into place and the cached copy is never changed, only
+        replaced."""
         try:
             with self.path.open("rb") as file:
                 identity = _identity(os.fstat(file.fileno()))
-                if shared and self._last is not None and self._last[0] == identity:
-                    return _copy(self._last[1])
+                last = self._last  # read once: a write may replace it meanwhile (see `read`'s docstring)
+                if shared and last is not None and last[0] == identity:
+                    return _copy(last[1])
                 text = file.read().decode()
         except FileNotFoundError:
             return Checkpoint(boot_id=self.boot_id)
@@ -431,8 +458,9 @@ class _Update:
     uid: str
     entry: ClaimEntry | None
     durable: bool
+    check: Callable[[Checkpoint], None] | None = None
     written: Checkpoint | None = None
-    error: CheckpointError | None = None
+    error: Exception | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 

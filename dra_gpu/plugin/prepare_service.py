@@ -324,15 +324,24 @@ class PrepareService:
         return exclusive, shared
 
     def _entry(self, ref: ClaimRef) -> ClaimEntry | None:
-        """This claim's entry, a copy of its own (the sharing manager may change group states in place)."""
-        with self._locked(ref):
-            return copy.deepcopy(self._read(ref, shared=True).claims.get(ref.uid))
+        """This claim's entry, a copy of its own (the sharing manager may change group states in place).
+        Read without the checkpoint lock: only this claim's calls change its entry, and they are kept apart
+        by its claim lock (CheckpointStore.read says why that is enough)."""
+        return copy.deepcopy(self._read(ref, shared=True).claims.get(ref.uid))
 
-    def _commit(self, ref: ClaimRef, entry: ClaimEntry | None, *, durable: bool = True) -> None:
+    def _commit(
+        self,
+        ref: ClaimRef,
+        entry: ClaimEntry | None,
+        *,
+        durable: bool = True,
+        check: Callable[[Checkpoint], None] | None = None,
+    ) -> None:
         """Record (or with None, drop) this claim's entry, leaving every other claim's as the file has it;
-        written together with other claims' commits queued meanwhile (CheckpointStore.update_claim)."""
+        written together with other claims' commits queued meanwhile (CheckpointStore.update_claim). `check`
+        may refuse it (raising ClaimError) on the checkpoint it would change."""
         try:
-            checkpoint = self.checkpoints.update_claim(ref.uid, entry, durable=durable)
+            checkpoint = self.checkpoints.update_claim(ref.uid, entry, durable=durable, check=check)
         except CheckpointError as exc:
             raise ClaimError("checkpoint", f"claim {ref}: {exc}") from exc
         self._update_gauges(checkpoint)
@@ -439,16 +448,18 @@ class PrepareService:
                     for a, config in zip(allocations, configs, strict=True)
                 ),
             )
-            with self._locked(ref):  # the check and the reservation in one update of the file
-                checkpoint = self._read(ref, shared=True)
-                self._refuse_double_use(ref, checkpoint, allocations, configs)
-                checkpoint.claims[ref.uid] = entry
-                # Not fsynced, nor the group records below: only the completed record is. They exist to undo
-                # a prepare that a crash of this process interrupted, and the page cache outlives the process.
-                # What outlives them only on disk, a power loss, reboots the node, which ends everything they
-                # describe (MIG instances, MPS daemons, compute modes, time slices); the kubelet then prepares
-                # again. One durable write per prepare instead of three.
-                self._write(ref, checkpoint, durable=False)
+            # The check and the reservation in one update of the file.
+            # Not fsynced, nor the group records below: only the completed record is. They exist to undo a
+            # prepare that a crash of this process interrupted, and the page cache outlives the process. What
+            # outlives them only on disk, a power loss, reboots the node, which ends everything they describe
+            # (MIG instances, MPS daemons, compute modes, time slices); the kubelet then prepares again. One
+            # durable write per prepare instead of three.
+            self._commit(
+                ref,
+                entry,
+                durable=False,
+                check=lambda checkpoint: self._refuse_double_use(ref, checkpoint, allocations, configs),
+            )
             self.faults.reached("prepare-started")
             progress = _Progress(entry)
             try:

@@ -356,3 +356,41 @@ def test_an_update_that_timed_out_on_the_lock_is_never_written(tmp_path: Path) -
     holder.join(10)
     store.update_claim("next", entry("next"))
     assert sorted(json.loads(store.path.read_text())["claims"]) == ["next"]
+
+
+def test_a_check_sees_the_updates_before_it_and_refuses_only_its_own(tmp_path: Path) -> None:
+    """Two claims reserve the same device in one group write: the second one's check sees the first
+    reservation and refuses; the first is written, the second raises its own error and is left out."""
+    store = CheckpointStore(tmp_path, boot_id="b")
+
+    class TakenError(Exception):
+        pass
+
+    def refuse_if_held(uid: str) -> Callable[[Checkpoint], None]:
+        def check(checkpoint: Checkpoint) -> None:
+            holders = [other for other in checkpoint.claims if other != uid]
+            if holders:
+                raise TakenError(f"gpu-0 is held by {holders}")
+
+        return check
+
+    outcomes: dict[str, str] = {}
+
+    def reserve(uid: str) -> None:
+        try:
+            store.update_claim(uid, entry(uid, ClaimPhase.PREPARE_STARTED), check=refuse_if_held(uid))
+            outcomes[uid] = "written"
+        except TakenError as exc:
+            outcomes[uid] = str(exc)
+
+    first = threading.Thread(target=reserve, args=("first",))
+    second = threading.Thread(target=reserve, args=("second",))
+    with store.locked():
+        first.start()
+        _wait_until(lambda: len(store._pending) == 1)
+        second.start()
+        _wait_until(lambda: len(store._pending) == 2)
+    first.join(10)
+    second.join(10)
+    assert outcomes == {"first": "written", "second": "gpu-0 is held by ['first']"}
+    assert sorted(json.loads(store.path.read_text())["claims"]) == ["first"]
