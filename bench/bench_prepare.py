@@ -5,8 +5,9 @@
 - burst: 64 claims for fractional GPU shares (8 per GPU on a simulated DGX H100) prepared by 64 concurrent
   calls, as when 64 pods land on the node at once; throughput in claims per second;
 - the share of prepare time spent waiting on the API server (GET of the claim), from the plugin's own metrics;
-- the disk's cost of one durable file replacement (fsync + rename + directory fsync), since each prepare makes
-  three checkpoint writes: on a shared, busy disk this, not the plugin, dominates the tail.
+- the disk's cost of one durable file replacement (fsync + rename + directory fsync), since a prepare alone
+  makes three checkpoint writes, one durable (concurrent prepares share writes): on a shared, busy disk this,
+  not the plugin, dominates the tail.
 Target: p99 < 20 ms for the one-GPU claim.
 """
 
