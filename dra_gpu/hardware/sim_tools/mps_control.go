@@ -105,26 +105,19 @@ func openStore() *stateStore {
 	return &stateStore{root: root, path: path, lockPath: path + ".lock"}
 }
 
-func (s *stateStore) locked(exclusive bool, fn func(lock *os.File) error) error {
+// read loads the state under a shared flock, as StateStore.read does: never a half-written file's content.
+func (s *stateStore) read() (map[string]any, error) {
 	if err := os.MkdirAll(filepath.Dir(s.lockPath), 0o777); err != nil {
-		return err
+		return nil, err
 	}
 	lock, err := os.OpenFile(s.lockPath, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer lock.Close() // closing releases the lock
-	how := syscall.LOCK_SH
-	if exclusive {
-		how = syscall.LOCK_EX
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_SH); err != nil {
+		return nil, err
 	}
-	if err := syscall.Flock(int(lock.Fd()), how); err != nil {
-		return err
-	}
-	return fn(lock)
-}
-
-func (s *stateStore) load() (map[string]any, error) {
 	data, err := os.ReadFile(s.path)
 	if err != nil {
 		return nil, fmt.Errorf("simulator state %s is unreadable: %w", s.path, err)
@@ -136,16 +129,6 @@ func (s *stateStore) load() (map[string]any, error) {
 		return nil, fmt.Errorf("simulator state %s is unreadable: %w", s.path, err)
 	}
 	return state, nil
-}
-
-func (s *stateStore) read() (map[string]any, error) {
-	var state map[string]any
-	err := s.locked(false, func(*os.File) error {
-		var err error
-		state, err = s.load()
-		return err
-	})
-	return state, err
 }
 
 func knownUUIDs(state map[string]any) map[string]bool {
