@@ -101,22 +101,21 @@ def _explain_group(
     held = set(existing.exclusive) | set(existing.shared)
     # equivalence key -> (pools, failed result) of the node searched for it: identical nodes are searched once
     searched: dict[Hashable, tuple[Sequence[Pool], NodeResult]] = {}
+    # kube-scheduler filters every node (all of them below its 100-node minimum): an allocator error on any
+    # one (a CEL runtime error its search reaches) fails the pod's whole scheduling attempt, feasible nodes
+    # or not. So after the chosen node, a node whose requests can hit an error is still searched.
+    fatal: NodeResult | None = None
     for node in nodes:
         pools = pools_by_node[node.name]
         allocator = NodeAllocator(node.name, group, classes, pools, existing, selector_sets, step_limit)
-        if chosen is None:
-            key = equivalence_key(node.name, pools, held)
-            known = searched.get(key) if key is not None else None
-            if known is not None:
-                result = carry_over(known[1], known[0], node.name, pools)
-            else:
-                result = allocator.run()
-                if key is not None and not result.success:
-                    searched[key] = (pools, result)
+        if chosen is None and fatal is None:
+            result = _search(allocator, node.name, pools, held, searched)
             if result.success:
                 chosen = result
             else:
                 failures[node.name] = result.reason or "does not fit"
+                if result.scheduler_error:
+                    fatal = result
         else:
             # Allocation is decided; still list what matches on the remaining nodes.
             for claim_index, claim in enumerate(group):
@@ -124,7 +123,14 @@ def _explain_group(
                     for alternative in request.alternatives:
                         allocator.report_for(claim_index, alternative)
             result = NodeResult(node.name, False, None, [[] for _ in group], allocator.reports, {})
+            if fatal is None and any(report.errors for report in allocator.reports.values()):
+                searched_here = _search(allocator, node.name, pools, held, searched)
+                if searched_here.scheduler_error:
+                    fatal = result = searched_here
+                    failures[node.name] = searched_here.reason or "error"
         per_node.append(result)
+    if fatal is not None:
+        chosen = None
     explanations = []
     for claim_index, claim in enumerate(group):
         results = chosen.results[claim_index] if chosen is not None else []
@@ -133,7 +139,12 @@ def _explain_group(
             for request in claim.requests
         ]
         reason = None
-        if chosen is None:
+        if fatal is not None:
+            reason = (
+                f"kube-scheduler stops at an error on node {fatal.node} and so fails the pod on every node: "
+                f"{fatal.reason}"
+            )
+        elif chosen is None:
             reason = _summarize_failures(failures) if nodes else "no nodes in the inventory"
         explanations.append(
             ClaimExplanation(
@@ -149,6 +160,24 @@ def _explain_group(
             )
         )
     return explanations
+
+
+def _search(
+    allocator: NodeAllocator,
+    node: str,
+    pools: Sequence[Pool],
+    held: set[Any],
+    searched: dict[Hashable, tuple[Sequence[Pool], NodeResult]],
+) -> NodeResult:
+    """The node's search result; identical nodes are searched once (a failed result is carried over)."""
+    key = equivalence_key(node, pools, held)
+    known = searched.get(key) if key is not None else None
+    if known is not None:
+        return carry_over(known[1], known[0], node, pools)
+    result = allocator.run()
+    if key is not None and not result.success:
+        searched[key] = (pools, result)
+    return result
 
 
 def _request_explanation(

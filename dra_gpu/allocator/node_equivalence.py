@@ -90,4 +90,5 @@ def carry_over(result: NodeResult, searched: Sequence[Pool], node: str, pools: S
             key: {text(label): rejection(r) for label, r in by_label.items()}
             for key, by_label in result.late_rejections.items()
         },
+        scheduler_error=result.scheduler_error,
     )

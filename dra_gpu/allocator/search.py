@@ -93,10 +93,16 @@ class NodeResult:
     results: list[list[AllocatedDevice]]  # per claim
     reports: dict[str, RequestReport]  # "<claim index>:<request name>" -> report
     late_rejections: dict[str, dict[str, Rejection]]  # same key -> device label -> reason found during search
+    # The search stopped at an error kube-scheduler's allocator returns as an error, not as "does not fit" (a
+    # CEL runtime error, "all devices" of an incomplete or invalid pool): its DRA plugin then fails the whole
+    # scheduling attempt of the pod, on every node, not just this one.
+    scheduler_error: bool = False
 
 
 class _SearchAbortedError(Exception):
-    pass
+    def __init__(self, reason: str, *, scheduler_error: bool = False) -> None:
+        super().__init__(reason)
+        self.scheduler_error = scheduler_error
 
 
 class NodeAllocator:
@@ -240,10 +246,11 @@ class NodeAllocator:
         self._init_counters()  # only nodes that are searched need the counter bookkeeping
         slots = [(ci, request) for ci, claim in enumerate(self.claims) for request in claim.requests]
         reason: str | None = None
+        scheduler_error = False
         try:
             success = self._solve(slots, 0)
         except _SearchAbortedError as aborted:
-            success, reason = False, str(aborted)
+            success, reason, scheduler_error = False, str(aborted), aborted.scheduler_error
         if not success and reason is None:
             reason = self._explain_failure(slots)
         results: list[list[AllocatedDevice]] = [[] for _ in self.claims]
@@ -263,7 +270,7 @@ class NodeAllocator:
                         tolerations=list(request.raw_tolerations),
                     )
                 )
-        return NodeResult(self.node, success, reason, results, self.reports, self.late)
+        return NodeResult(self.node, success, reason, results, self.reports, self.late, scheduler_error)
 
     def _explain_failure(self, slots: Sequence[tuple[int, Any]]) -> str:
         for claim_index, request in slots:
@@ -320,7 +327,9 @@ class NodeAllocator:
     ) -> bool:
         if report.errors:
             # Incomplete or invalid pools and CEL errors are errors for "All", not just a failed attempt.
-            raise _SearchAbortedError(f"request {request.name} asks for all devices: {report.errors[0]}")
+            raise _SearchAbortedError(
+                f"request {request.name} asks for all devices: {report.errors[0]}", scheduler_error=True
+            )
         if not report.eligible or report.all_failures:
             return False  # at least one device, and every matching device must be usable
         added = 0
@@ -354,7 +363,7 @@ class NodeAllocator:
         for position in range(start, end):
             candidate = sequence[position]
             if isinstance(candidate, str):
-                raise _SearchAbortedError(candidate)
+                raise _SearchAbortedError(candidate, scheduler_error=True)
             if not self._add(claim_index, request, candidate):
                 continue
             if self._pick(slots, index, claim_index, request, report, have + 1, position + 1):

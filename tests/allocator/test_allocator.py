@@ -172,6 +172,24 @@ def test_cel_runtime_error_aborts_the_node_when_the_search_reaches_it() -> None:
     assert allocated_labels(held) == ["n1/gpu-1"]
 
 
+def test_a_cel_runtime_error_on_one_node_fails_the_pod_on_every_node() -> None:
+    """kube-scheduler's DRA plugin returns an allocator error (not "does not fit") for a CEL runtime error,
+    and an error from any node's filter ends the pod's scheduling attempt: a feasible node elsewhere does not
+    help. Found by the differential test against kube-scheduler 1.37.2 (and 1.34.12 does the same)."""
+    request = exactly("g", selectors=["device.attributes['gpu.nvidia.com'].x == 1"])
+    fits = resource_slice("a", "n-a", [device("gpu-0", attributes={"x": 1})])
+    errs = resource_slice("b", "n-b", [device("gpu-0"), device("gpu-1", attributes={"x": 1})])
+    nodes = [Node("n-a", {}), Node("n-b", {})]
+    [explanation] = run([claim("c", request)], [fits, errs], nodes=nodes)
+    assert not explanation.allocatable and explanation.results == []
+    assert "error on node n-b" in (explanation.reason or "")
+    assert "CEL runtime error" in (explanation.reason or "")
+    # The error only counts where the search reaches it: on a node where a match comes first, it does not.
+    reordered = resource_slice("b", "n-b", [device("gpu-1", attributes={"x": 1}), device("gpu-0")])
+    [found] = run([claim("c", request)], [fits, reordered], nodes=nodes)
+    assert allocated_labels(found) == ["n-a/gpu-0"]
+
+
 def test_invalid_pool_is_skipped() -> None:
     bad = resource_slice(
         "t", "a-node", [device("gpu-1", consumes=[consumes("nope", memory="1Gi")])], pool="a-pool"

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, event, given, settings
+from hypothesis import HealthCheck, Phase, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from dra_gpu.allocator.pools import Node
@@ -96,6 +96,34 @@ def scenarios(messy: bool) -> st.SearchStrategy[dict[str, Any]]:
             "constraint": st.sampled_from([None, "match-numa", "distinct-model"]),
         }
     )
+
+
+# Found by this test (2026-11-26): n1 fits, but the search on n0 reaches a CEL runtime error (r1's selector on
+# a device without `numa`, after r0 backtracks to the tainted device), and kube-scheduler fails the pod on
+# every node then. Kept as an explicit example, checked on every run.
+def _device(kind: str, numa: int | None, tainted: bool = False, model: str = "b") -> dict[str, Any]:
+    return {"kind": kind, "numa": numa, "tainted": tainted, "model": model, "memory": "10Gi"} | {
+        "counted": False
+    }
+
+
+ERROR_ON_ANOTHER_NODE: dict[str, Any] = {
+    "nodes": [
+        {
+            "devices": [_device("mig", None), _device("gpu", None), _device("mig", 1, tainted=True)],
+            "incomplete": False, "counter": "40Gi", "invalid_pool": None,
+        },
+        {
+            "devices": [_device("mig", 1, model="a"), _device("gpu", 1, model="a")],
+            "incomplete": False, "counter": "40Gi", "invalid_pool": None,
+        },
+    ],
+    "requests": [
+        {"kind": "mig", "count": 1, "selector": None, "tolerate": True, "fallback": "mig"},
+        {"kind": "mig", "count": 1, "selector": 1, "tolerate": False, "fallback": "gpu"},
+    ],
+    "constraint": "match-numa",
+}  # fmt: skip
 
 
 def build_objects(
@@ -323,6 +351,7 @@ def cluster(kube_scheduler: Any) -> Iterator[Cluster]:
     ],
 )
 @given(scenario=scenarios(messy=True))
+@example(scenario=ERROR_ON_ANOTHER_NODE)
 def test_feasibility_agrees_with_kube_scheduler(cluster: Cluster, scenario: dict[str, Any]) -> None:
     if cluster.release < MODELED_RELEASE:
         # The allocator models the newest release. Older schedulers differ on broken inventories: 1.34 (alpha
