@@ -12,6 +12,9 @@ What "shared" means differs by driver, and the table says so: for dra-gpu a cons
 capacity on its `gpu-N` devices published with `--gpu-allow-multiple-allocations` (it writes a CDI spec and
 nothing else). The Go client's API rate limit is raised (our client has none), as in the issue's measurement.
 
+dra-gpu's plugin runs with the image's package set (`runtime_python`: uv.lock without the dev extra) and
+publishes its ResourceSlices, as the Go plugin does.
+
 Then the profile behind the start and memory rows: what dra-gpu's plugin imports before it serves, step by
 step, with each step's time and VmRSS growth in a fresh interpreter (`startup_profile`).
 """
@@ -90,7 +93,10 @@ class _DraGpu:
 
     def start(self) -> float:
         started = time.perf_counter()
-        process = self.process = PluginProcess(self.node, self.kubeconfig)
+        # publishing its ResourceSlices, as the Go plugin does
+        process = self.process = PluginProcess(
+            self.node, self.kubeconfig, extra_args=["--publish-slices", "true"], python=runtime_python()
+        )
         wait_for_socket(self.registration_socket, process.proc, process.log_tail, poll_s=POLL_S)
         return time.perf_counter() - started
 
@@ -112,6 +118,32 @@ class _DraGpu:
 
     def shared(self, gpu: int) -> Result:
         return Result("gpu", f"gpu-{gpu}-shared", share_id=str(uuid.uuid4()), consumed=SHARE)
+
+
+def runtime_python() -> str:
+    """The Python of a virtual environment that holds exactly the image's packages: uv.lock without the dev
+    extra (no rich, which structlog loads when present, no pytest, mypy or the CEL tools), made once per lock
+    with the pinned uv of `make venv` and cached. dra_gpu itself comes from the checkout (the plugin runs with
+    `-m` from the repository root), its bytecode compiled as the image's is."""
+    import hashlib
+    import sys
+
+    lock = hashlib.sha1((REPO_ROOT / "uv.lock").read_bytes()).hexdigest()[:12]
+    venv = cache_dir() / "runtime-venv" / lock
+    python = venv / "bin" / "python"
+    env = {"UV_CACHE_DIR": str(cache_dir() / "uv-cache"), **os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)}
+    if not os.access(python, os.X_OK):
+        uv = next((cache_dir()).glob("uv-*/bin/uv"), None)
+        if uv is None:
+            raise RuntimeError("uv not found in the cache: run `make venv` first")
+        subprocess.run(
+            [str(uv), "sync", "-q", "--locked", "--no-install-project", "--compile-bytecode",
+             "--python", sys.executable],
+            cwd=REPO_ROOT, check=True, env=env,
+        )  # fmt: skip
+    subprocess.run([str(python), "-m", "compileall", "-q", "dra_gpu"], cwd=REPO_ROOT, check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    return str(python)
 
 
 def go_example_plugin() -> Path:
@@ -329,8 +361,10 @@ STARTUP_STEPS = (
     ("pydantic_configs", "import dra_gpu.config.api"),
     ("plugin_server", "import dra_gpu.plugin.server, dra_gpu.plugin.grpc_health"),
     ("hardware_and_sharing", "import dra_gpu.hardware.loader, dra_gpu.sharing.manager"),
-    ("kubernetes_client", "import kubernetes.client, kubernetes.config"),
-    ("rest_of_cli", "import dra_gpu.cli.kubelet_plugin"),
+    ("rest_of_cli", "import dra_gpu.cli.kubelet_plugin, dra_gpu.kube.client, dra_gpu.plugin.claim_reader"),
+    # after the sockets serve (the warm-up thread): the API client's request layer, and the typed
+    # ResourceSlice API of the slice controller
+    ("api_client_after_socket", "import kubernetes.client.api_client, kubernetes.client.api.resource_v1_api"),
 )
 _STARTUP_SCRIPT = """
 import json, sys, time
@@ -355,12 +389,11 @@ def startup_profile(runs: int = 3) -> list[tuple[str, float, float]]:
     """Median over `runs` fresh interpreters: (step, ms, MB of VmRSS added); the first step is the bare
     interpreter (its VmRSS)."""
     import json
-    import sys
 
     samples = []
     for _ in range(runs):
         done = subprocess.run(
-            [sys.executable, "-c", _STARTUP_SCRIPT, json.dumps(STARTUP_STEPS)],
+            [runtime_python(), "-c", _STARTUP_SCRIPT, json.dumps(STARTUP_STEPS)],
             capture_output=True, text=True, check=True, cwd=REPO_ROOT, timeout=120,
         )  # fmt: skip
         samples.append(json.loads(done.stdout))

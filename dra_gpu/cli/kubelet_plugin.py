@@ -302,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_gpu.hardware.interface import HardwareError
     from dra_gpu.hardware.loader import open_hardware
     from dra_gpu.inventory.device_model import ModelOptions
-    from dra_gpu.kube.client import load_api_client
+    from dra_gpu.kube.client import LazyApiClient
     from dra_gpu.plugin.claim_reader import KubeClaimReader
     from dra_gpu.plugin.device_inventory import DeviceInventory, DiscoveryFailedError, Rediscovery
     from dra_gpu.plugin.fault_injection import FaultPoints
@@ -348,7 +348,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     metrics = PluginMetrics()
-    api_client = load_api_client(args.kubeconfig or None)
+    # loaded by the warm-up thread once the sockets serve (or by whatever needs it first)
+    api_client = LazyApiClient(args.kubeconfig or None)
     paths.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
     try:
         hook_path = install_cdi_hook(args.nvidia_cdi_hook_path, paths.plugin_dir)
@@ -445,9 +446,21 @@ def run(args: argparse.Namespace) -> int:
         raise
     if started_publishing is not None:
         publishing.append(started_publishing)
-    # What the first prepare needs and the sockets did not (the API's claim client): loaded now, off the
-    # start-up path; a prepare that comes first loads it itself.
-    threading.Thread(target=service.warm_up, name="warm-up", daemon=True).start()
+    # What the first prepare needs and the sockets did not (the API client): loaded now, off the start-up
+    # path; a prepare that comes first loads it itself. A kubeconfig that cannot be loaded stops the plugin.
+    exit_code = 0
+
+    def warm_up() -> None:
+        nonlocal exit_code
+        try:
+            service.warm_up()
+        except Exception as exc:
+            source = args.kubeconfig or os.environ.get("KUBECONFIG") or "in-cluster service account"
+            log.error("cannot start: Kubernetes API client", kubeconfig=source, error=str(exc))
+            exit_code = 1
+            stopping.set()
+
+    threading.Thread(target=warm_up, name="warm-up", daemon=True).start()
 
     # One health table for the gRPC health port and /healthz, /readyz: filled by its own thread, so no probe
     # ever waits behind prepare work (a burst of prepares or a slow MIG creation must not restart us).
@@ -505,7 +518,7 @@ def run(args: argparse.Namespace) -> int:
     for stop_publishing, _update in publishing:
         stop_publishing()
     log.info("kubelet plugin stopped")
-    return 0
+    return exit_code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Final, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias
 
 import structlog
 from pydantic import (
@@ -45,47 +45,24 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from dra_gpu.config.names import (
+    API_VERSION,
+    GPU_CONFIG_KIND,
+    LEGACY_API_VERSION,
+    MIG_DEVICE_CONFIG_KIND,
+    SUPPORTED_API_VERSIONS,
+    SUPPORTED_KINDS,
+    ConfigError,
+    SharingStrategy,
+    TimeSliceInterval,
+)
 from dra_gpu.config.quantity import MIB, QUANTITY_HELP, QuantityError, format_bytes, parse_quantity
 
 log = structlog.get_logger(__name__)
 
-API_VERSION: Final = "resource.nvidia.com/v1beta1"
-LEGACY_API_VERSION = "gpu.nvidia.com/v1alpha1"
-SUPPORTED_API_VERSIONS = (API_VERSION, LEGACY_API_VERSION)
-GPU_CONFIG_KIND: Final = "GpuConfig"
-MIG_DEVICE_CONFIG_KIND: Final = "MigDeviceConfig"
-SUPPORTED_KINDS = (GPU_CONFIG_KIND, MIG_DEVICE_CONFIG_KIND)
-
-SharingStrategy: TypeAlias = Literal["TimeSlicing", "MPS"]
-TimeSliceInterval: TypeAlias = Literal["Default", "Short", "Medium", "Long"]
-SHARING_STRATEGIES: tuple[SharingStrategy, ...] = ("TimeSlicing", "MPS")
-TIME_SLICE_INTERVALS: tuple[TimeSliceInterval, ...] = ("Default", "Short", "Medium", "Long")
-# `nvidia-smi compute-policy --set-timeslice` takes the position in this list.
-TIME_SLICE_VALUES: Mapping[TimeSliceInterval, int] = {name: i for i, name in enumerate(TIME_SLICE_INTERVALS)}
-
 # A per-device key is a GPU/MIG UUID or an index into the group's sorted UUID list.
 _DEVICE_KEY_RE = re.compile(r"^(?:(?:GPU|MIG)-[0-9A-Za-z-]{1,80}|[0-9]{1,4})$")
 _DEVICE_KEY_HELP = 'a GPU/MIG UUID ("GPU-…", "MIG-…") or an index ("0", "1", …) into the sorted devices'
-
-
-class ConfigError(ValueError):
-    """An opaque config is invalid. `field` is the path, e.g. "sharing.strategy"."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        self.field = field
-        self.reason = reason
-        self.problems: tuple[tuple[str, str], ...] = ((field, reason),)  # all (field, reason); see combine()
-        super().__init__(f"{field}: {reason}" if field else reason)
-
-    @classmethod
-    def combine(cls, errors: Sequence[ConfigError]) -> ConfigError:
-        """One error that reports all of `errors` (the first one's field is `field`)."""
-        if len(errors) == 1:
-            return errors[0]
-        combined = cls(errors[0].field, errors[0].reason)
-        combined.problems = tuple(p for e in errors for p in e.problems)
-        combined.args = ("; ".join(str(e) for e in errors),)
-        return combined
 
 
 def _quantity(value: Any) -> Any:
@@ -126,7 +103,8 @@ Quantity = Annotated[str, BeforeValidator(_quantity), WithJsonSchema(_QUANTITY_S
 
 
 class _StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # defer_build: schemas are built at first use, not at import (see dra_gpu.config.names for why)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
     def to_dict(self) -> dict[str, Any]:
         """Wire form (camelCase, unset fields left out), e.g. for the checkpoint."""

@@ -17,15 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dra_gpu.config.api import ConfigError, DeviceConfig, GpuConfig, MigDeviceConfig, decode_opaque_config
+from dra_gpu.config.names import GPU_CONFIG_KIND, MIG_DEVICE_CONFIG_KIND, ConfigError
 from dra_gpu.inventory.model import DRIVER_NAME, DeviceKind
 
+if TYPE_CHECKING:  # the models load with the first config a claim carries (dra_gpu.config.names)
+    from dra_gpu.config.api import DeviceConfig
+
 SOURCE_ORDER = ("FromClass", "FromClaim")
-_KIND_FOR_CONFIG: Mapping[type, frozenset[DeviceKind]] = {
-    GpuConfig: frozenset({DeviceKind.GPU, DeviceKind.GPU_SHARE}),
-    MigDeviceConfig: frozenset({DeviceKind.MIG_STATIC, DeviceKind.MIG_DYNAMIC}),
+_KIND_FOR_CONFIG: Mapping[str, frozenset[DeviceKind]] = {  # by the config's `kind`
+    GPU_CONFIG_KIND: frozenset({DeviceKind.GPU, DeviceKind.GPU_SHARE}),
+    MIG_DEVICE_CONFIG_KIND: frozenset({DeviceKind.MIG_STATIC, DeviceKind.MIG_DYNAMIC}),
 }
 _CONFIG_FOR_KIND = {
     DeviceKind.GPU: "GpuConfig",
@@ -78,9 +81,10 @@ def ordered_config_entries(
     raw_configs: Sequence[Mapping[str, Any]],
     *,
     driver: str = DRIVER_NAME,
-    decode: Callable[[Mapping[str, Any]], DeviceConfig] = decode_opaque_config,
+    decode: Callable[[Mapping[str, Any]], DeviceConfig] | None = None,
 ) -> list[ConfigEntry]:
-    """Our driver's entries of `status.allocation.devices.config`, lowest precedence first, decoded."""
+    """Our driver's entries of `status.allocation.devices.config`, lowest precedence first, decoded (by
+    `decode_opaque_config` unless `decode` is given)."""
     by_source: dict[str, list[tuple[int, Mapping[str, Any]]]] = {s: [] for s in SOURCE_ORDER}
     for index, raw in enumerate(raw_configs):
         source = str(raw.get("source", "FromClaim"))
@@ -107,6 +111,10 @@ def ordered_config_entries(
                     f"status.allocation.devices.config[{index}].opaque.parameters: must be a JSON object "
                     f"(apiVersion: resource.nvidia.com/v1beta1, kind: GpuConfig|MigDeviceConfig)"
                 )
+            if decode is None:
+                from dra_gpu.config.api import decode_opaque_config
+
+                decode = decode_opaque_config
             try:
                 config = decode(parameters)
             except ConfigError as exc:
@@ -125,7 +133,7 @@ def _names_request(requests: tuple[str, ...], request: str) -> bool:
 
 
 def _applies_to(config: DeviceConfig, kind: DeviceKind) -> bool:
-    return kind in _KIND_FOR_CONFIG.get(type(config), frozenset())
+    return kind in _KIND_FOR_CONFIG.get(config.kind, frozenset())
 
 
 def winning_entry(entries: Sequence[ConfigEntry], result: ResultRef) -> ConfigEntry | None:

@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from dra_gpu.config.api import API_VERSION, GpuConfig, MigDeviceConfig
+from dra_gpu.config.api import GpuConfig, MigDeviceConfig
+from dra_gpu.config.names import API_VERSION
 
 _MODELS = (GpuConfig, MigDeviceConfig)
 

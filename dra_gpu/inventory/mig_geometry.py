@@ -108,12 +108,35 @@ def valid_configurations(profiles: tuple[MigProfileInfo, ...]) -> Iterator[tuple
 
 @functools.lru_cache(maxsize=64)
 def max_configuration_totals(profiles: tuple[MigProfileInfo, ...]) -> dict[str, int]:
-    """Per counter (memory + engine counters), the largest sum any valid configuration consumes."""
+    """Per counter (memory + engine counters), the largest sum any valid configuration consumes.
+
+    The same depth-first walk as `valid_configurations`, with each configuration's totals carried along
+    (memory slices as a bit mask, instances counted per profile) instead of summed again per configuration:
+    it runs once per GPU model at every plugin start (an H100 has 2,318 configurations; 60 ms before)."""
     names = ["memory", *(name for _c, name, _f in ENGINE_DIMENSIONS)]
-    best = dict.fromkeys(names, 0)
-    for config in valid_configurations(profiles):
-        for name in names:
-            total = sum(p.amount(name) for p in config)
-            if total > best[name]:
-                best[name] = total
-    return best
+    candidates = all_placements(profiles)
+    masks = [sum(1 << s for s in p.memory_slices) for p in candidates]
+    amounts = [tuple(p.amount(name) for name in names) for p in candidates]
+    slot = {profile: i for i, profile in enumerate(profiles)}
+    kinds = [slot[p.profile] for p in candidates]
+    compute = [p.profile.compute_slices for p in candidates]
+    limit = [profile.max_instances for profile in profiles]
+    compute_total = compute_slice_count(profiles)
+    best = [0] * len(names)
+    counts = [0] * len(profiles)
+
+    def extend(next_index: int, used: int, compute_used: int, totals: tuple[int, ...]) -> None:
+        for i in range(next_index, len(candidates)):
+            kind = kinds[i]
+            if used & masks[i] or compute_used + compute[i] > compute_total or counts[kind] >= limit[kind]:
+                continue
+            grown = tuple(t + a for t, a in zip(totals, amounts[i], strict=True))
+            for k, value in enumerate(grown):
+                if value > best[k]:
+                    best[k] = value
+            counts[kind] += 1
+            extend(i + 1, used | masks[i], compute_used + compute[i], grown)
+            counts[kind] -= 1
+
+    extend(0, 0, 0, (0,) * len(names))
+    return dict(zip(names, best, strict=True))

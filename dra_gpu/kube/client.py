@@ -10,6 +10,7 @@ import json
 import os
 import re
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,35 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
 
         load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     return client.ApiClient(configuration)
+
+
+class LazyApiClient:
+    """An ApiClient that loads on first use: `load_api_client(kubeconfig)` then, once, under a lock; every
+    attribute is the loaded client's, so the typed API classes and `request_json` take it as an ApiClient.
+
+    The kubelet plugin makes one so that its registration socket does not wait for the client's imports
+    (urllib3, dateutil, the generated configuration: ~0.1-0.2 s); its warm-up thread calls `ensure_loaded`
+    right after the sockets serve, and a kubeconfig that cannot be loaded stops the plugin then."""
+
+    def __init__(self, kubeconfig: str | None = None) -> None:
+        self._kubeconfig = kubeconfig
+        self._client: client.ApiClient | None = None
+        self._lock = threading.Lock()
+
+    def loaded(self) -> client.ApiClient:
+        with self._lock:
+            if self._client is None:
+                self._client = load_api_client(self._kubeconfig)
+            return self._client
+
+    def __getattr__(self, name: str) -> Any:  # only for names this class lacks: the ApiClient's
+        return getattr(self.loaded(), name)
+
+
+def ensure_loaded(api_client: Any) -> None:
+    """Load a LazyApiClient now (its errors raised here); any other client is loaded already."""
+    if isinstance(api_client, LazyApiClient):
+        api_client.loaded()
 
 
 def _load_simple_kubeconfig(path: str, configuration: client.Configuration) -> bool:
@@ -111,13 +141,66 @@ def _remove(name: str) -> None:
         os.unlink(name)
 
 
+def request(
+    api_client: client.ApiClient,
+    method: str,
+    resource_path: str,
+    path_params: dict[str, str] | None = None,
+    *,
+    query: list[tuple[str, Any]] | None = None,
+    body: Any = None,
+    timeout_s: float | tuple[float, float] | None = None,
+) -> Any:
+    """One request through the official client's request layer (its configuration, auth, TLS and connection
+    pool, as any typed call); the urllib3 response, its body not read yet (a watch streams it). ApiException
+    for a non-2xx answer, as the typed calls raise it with `_preload_content=False`.
+
+    For the few calls the kubelet plugin makes, instead of the typed API classes: importing CoreV1Api alone
+    takes ~1 s and 22 MB of VmRSS (one module of every core endpoint), ResourceV1Api 0.2 s and 5 MB, and
+    each typed call validates its arguments with pydantic first (bench/bench_side_by_side.py measures the
+    plugin)."""
+    headers = {"Accept": "application/json", **({"Content-Type": "application/json"} if body else {})}
+    serialized = api_client.param_serialize(
+        method=method,
+        resource_path=resource_path,
+        path_params=path_params,
+        query_params=query,
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api_client.call_api(*serialized, _request_timeout=timeout_s)
+    if not 200 <= response.status <= 299:
+        response.read()  # type: ignore[no-untyped-call]
+        raise ApiException.from_response(http_resp=response, body=None, data=None)
+    return response.response
+
+
+def request_json(
+    api_client: client.ApiClient,
+    method: str,
+    resource_path: str,
+    path_params: dict[str, str] | None = None,
+    *,
+    query: list[tuple[str, Any]] | None = None,
+    body: Any = None,
+    timeout_s: float | tuple[float, float] | None = None,
+) -> Any:
+    """`request`, answered as parsed JSON ({} for an empty body)."""
+    response = request(
+        api_client, method, resource_path, path_params, query=query, body=body, timeout_s=timeout_s
+    )
+    data = response.data
+    return json.loads(data) if data else {}
+
+
 def server_version(api_client: client.ApiClient) -> tuple[int, int]:
     """(major, minor) of the apiserver, e.g. (1, 36); "36+"-style minors (managed clusters) are accepted."""
-    info = client.VersionApi(api_client).get_code()
-    major = int(re.sub(r"\D", "", str(info.major)) or 0)
-    minor = int(re.sub(r"\D", "", str(info.minor)) or 0)
+    info = request_json(api_client, "GET", "/version/")
+    major = int(re.sub(r"\D", "", str(info.get("major"))) or 0)
+    minor = int(re.sub(r"\D", "", str(info.get("minor"))) or 0)
     if not major:  # some distributions leave major/minor empty: fall back to gitVersion "v1.36.3"
-        match = re.match(r"v?(\d+)\.(\d+)", str(info.git_version))
+        match = re.match(r"v?(\d+)\.(\d+)", str(info.get("gitVersion")))
         if match:
             return int(match[1]), int(match[2])
     return major, minor
@@ -126,13 +209,12 @@ def server_version(api_client: client.ApiClient) -> tuple[int, int]:
 def node_uid(api_client: client.ApiClient, node_name: str) -> str | None:
     """The Node's UID (for ownerReferences), or None when the Node does not exist (yet)."""
     try:
-        response: Any = client.CoreV1Api(api_client).read_node(node_name, _preload_content=False)
+        node = request_json(api_client, "GET", "/api/v1/nodes/{name}", {"name": node_name})
     except ApiException as err:
         if err.status == 404:
             return None
         raise
-    uid = json.loads(response.data)["metadata"]["uid"]
-    return str(uid)
+    return str(node["metadata"]["uid"])
 
 
 def response_json(response: Any) -> Any:

@@ -6,8 +6,6 @@ The prepare path only needs a few fields of the claim, so the response is not tu
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -29,8 +27,12 @@ class ClaimReader(Protocol):
         ...
 
 
+CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+
+
 class KubeClaimReader:
-    """`ResourceV1Api.read_namespaced_resource_claim` over a kubernetes `ApiClient`."""
+    """GET of a ResourceClaim over a kubernetes `ApiClient` (`dra_gpu.kube.client.request_json`: the client's
+    request layer without the typed API class and its per-call argument validation)."""
 
     def __init__(
         self,
@@ -40,32 +42,29 @@ class KubeClaimReader:
         on_wait: Callable[[float], None] | None = None,
     ) -> None:
         self._api_client = api_client
-        self._api: Any = None  # ResourceV1Api, made on first use: its import is ~0.4 s of a plugin's start
-        self._api_lock = threading.Lock()
         self._timeout_s = timeout_s
         self._on_wait = on_wait
 
     def warm_up(self) -> None:
-        """Load the API client now rather than in the first `get`."""
-        self._resource_api()
+        """Load the API client now (imports, kubeconfig) rather than in the first `get`."""
+        from dra_gpu.kube.client import ensure_loaded
 
-    def _resource_api(self) -> Any:
-        with self._api_lock:
-            if self._api is None:
-                from kubernetes.client import ResourceV1Api
-
-                self._api = ResourceV1Api(self._api_client)
-            return self._api
+        ensure_loaded(self._api_client)
 
     def get(self, namespace: str, name: str) -> ClaimJson | None:
         from kubernetes.client.exceptions import ApiException
 
+        from dra_gpu.kube.client import request_json
+
         started = time.perf_counter()
         try:
-            response: Any = self._resource_api().read_namespaced_resource_claim(
-                name, namespace, _preload_content=False, _request_timeout=self._timeout_s
+            claim: ClaimJson = request_json(
+                self._api_client,
+                "GET",
+                CLAIM_PATH,
+                {"namespace": namespace, "name": name},
+                timeout_s=self._timeout_s,
             )
-            body = response.data
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -77,5 +76,4 @@ class KubeClaimReader:
         finally:
             if self._on_wait is not None:
                 self._on_wait(time.perf_counter() - started)
-        claim: ClaimJson = json.loads(body)
         return claim

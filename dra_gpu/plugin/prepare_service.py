@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -53,7 +53,6 @@ from dra_gpu.checkpoint.checkpoint_store import (
     PreparedDevice,
     PreparedGroup,
 )
-from dra_gpu.config.api import DeviceConfig, config_settings
 from dra_gpu.config.resolution import (
     ConfigResolutionError,
     ResultRef,
@@ -70,6 +69,9 @@ from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, GroupResult, SharingError, SharingManager
 from dra_gpu.sharing.plan import gpu_lock_keys
 from dra_gpu.sharing.registry import RegistryUnreadableError
+
+if TYPE_CHECKING:  # the models load with the first config a claim carries (dra_gpu.config.names)
+    from dra_gpu.config.api import DeviceConfig
 
 log = structlog.get_logger(__name__)
 
@@ -137,7 +139,11 @@ def _shared_device_configs(
     share there has its own MPS daemon and settings."""
     configs: list[Mapping[str, Any] | None] = [None] * len(allocations)
     for config, indices in groups:
-        settings = config_settings(config)
+        settings: Mapping[str, Any] = {}  # no config: what the default config asks (config_settings)
+        if config is not None:
+            from dra_gpu.config.api import config_settings
+
+            settings = config_settings(config)
         for i in indices:
             device = allocations[i].device
             if device.allow_multiple_allocations and device.kind is not DeviceKind.GPU_SHARE:

@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from dra_gpu.config.api import ConfigError
+from dra_gpu.config.names import ConfigError
 from dra_gpu.gpu_locks import GpuLocks
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
 from dra_gpu.hardware.types import ComputeMode, DiscoveryResult, GpuInfo, MigInstance

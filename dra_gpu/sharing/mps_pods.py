@@ -39,6 +39,8 @@ APP_NAME = "dra-gpu-mps-daemon"
 LABEL_DAEMON = "gpu.nvidia.com/mps-daemon"
 LABEL_NODE = "gpu.nvidia.com/node"
 CONTAINER_NAME = "mps-control-daemon"
+PODS = "/api/v1/namespaces/{namespace}/pods"
+POD = "/api/v1/namespaces/{namespace}/pods/{name}"
 
 
 LIMITS_ENV = "DRA_GPU_MPS_LIMITS"  # the daemon's limit commands, one per line, for the container's entrypoint
@@ -103,9 +105,7 @@ class PodLauncher:
         container_driver_root: str,
         delete_timeout_s: float = 30.0,
     ) -> None:
-        from kubernetes import client
-
-        self._core: Any = client.CoreV1Api(api_client)
+        self.api_client = api_client
         self.namespace = namespace
         self.node_name = node_name
         self.image = image
@@ -173,7 +173,7 @@ class PodLauncher:
         body = self.manifest(record, env)
         for _attempt in range(3):
             try:
-                created = self._call("create", self._core.create_namespaced_pod, self.namespace, body)
+                created = self._call("POST", PODS, body=body)
                 record["podName"], record["podUid"] = name, created["metadata"]["uid"]
                 log.info("MPS daemon pod created", pod=name, uid=record["podUid"])
                 return
@@ -218,7 +218,7 @@ class PodLauncher:
     def owned_pods(self) -> list[dict[str, Any]]:
         """Every daemon pod of this node (to stop the ones no prepared claim owns)."""
         selector = f"{LABEL_APP}={APP_NAME},{LABEL_NODE}={self.node_name}"
-        found = self._call("list", self._core.list_namespaced_pod, self.namespace, label_selector=selector)
+        found = self._call("GET", PODS, query=[("labelSelector", selector)])
         items: list[dict[str, Any]] = found.get("items", [])
         return items
 
@@ -232,7 +232,7 @@ class PodLauncher:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            pod: dict[str, Any] = self._call("get", self._core.read_namespaced_pod, name, self.namespace)
+            pod: dict[str, Any] = self._call("GET", POD, name=name)
         except ApiException as err:
             if err.status == 404:
                 return None
@@ -244,13 +244,7 @@ class PodLauncher:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self._call(
-                "delete",
-                self._core.delete_namespaced_pod,
-                name,
-                self.namespace,
-                body={"preconditions": {"uid": uid}},
-            )
+            self._call("DELETE", POD, name=name, body={"preconditions": {"uid": uid}})
         except ApiException as err:
             if err.status == 404:
                 return None
@@ -267,10 +261,19 @@ class PodLauncher:
                 )
             time.sleep(0.2)
 
-    @staticmethod
-    def _call(what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
-        response = method(*args, _preload_content=False, _request_timeout=30, **kwargs)
-        return json.loads(response.data) if response.data else {}
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        name: str = "",
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+    ) -> Any:
+        from dra_gpu.kube.client import request_json
+
+        params = {"namespace": self.namespace, **({"name": name} if name else {})}
+        return request_json(self.api_client, method, path, params, query=query, body=body, timeout_s=30)
 
 
 def _reason(err: Any) -> str:

@@ -28,12 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from dra_gpu.config.api import TIME_SLICE_VALUES, ConfigError, GpuConfig, MigDeviceConfig, MpsConfig
+from dra_gpu.config.names import TIME_SLICE_VALUES, ConfigError, is_gpu_config, is_mig_device_config
 from dra_gpu.config.quantity import MIB, QuantityError, parse_quantity
 from dra_gpu.hardware.types import GpuInfo
 from dra_gpu.inventory.model import Device, DeviceKind
 from dra_gpu.sharing.interface import AllocatedDevice, SharingError
+
+if TYPE_CHECKING:  # the models load with the first claim that has a config (dra_gpu.config.names)
+    from dra_gpu.config.api import GpuConfig, MigDeviceConfig, MpsConfig
 
 MPS_MIN_COMPUTE_CAPABILITY = (7, 0)  # Volta: MPS with per-client limits
 SHARE_CAPACITY_COMPUTE = "compute"  # percent of the GPU's SMs
@@ -80,7 +84,7 @@ def build_plan(
     config: object | None, devices: Sequence[AllocatedDevice], gpus: Mapping[str, GpuInfo]
 ) -> SharingPlan:
     """Check `config` against `devices` and their physical GPUs (`gpus`); SharingError if it cannot apply."""
-    if config is not None and not isinstance(config, GpuConfig | MigDeviceConfig):
+    if config is not None and not (is_gpu_config(config) or is_mig_device_config(config)):
         raise SharingError(
             f"unsupported config object {type(config).__name__}: expected GpuConfig or MigDeviceConfig"
         )
@@ -101,12 +105,12 @@ def build_plan(
 
     full = [d for d in active if d.device.kind is DeviceKind.GPU]
     migs = [d for d in active if d.device.kind in (DeviceKind.MIG_STATIC, DeviceKind.MIG_DYNAMIC)]
-    if isinstance(config, GpuConfig) and config.time_slice_interval is not None:
+    if is_gpu_config(config) and config.time_slice_interval is not None:
         uuids = tuple(sorted({d.device.parent_uuid for d in full}))
         return _replace(
             plan, time_slice_interval=TIME_SLICE_VALUES[config.time_slice_interval], time_slice_gpus=uuids
         )
-    if isinstance(config, MigDeviceConfig) and config.strategy == "TimeSlicing":
+    if is_mig_device_config(config) and config.strategy == "TimeSlicing":
         return _replace(plan, mig_time_slicing=tuple(d.device.name for d in migs))
     mps_config = config.mps_config if config is not None else None
     if mps_config is not None:
@@ -154,12 +158,12 @@ def _check_kinds(config: GpuConfig | MigDeviceConfig | None, devices: Sequence[A
     for d in devices:
         kind = d.device.kind
         is_mig = kind in (DeviceKind.MIG_STATIC, DeviceKind.MIG_DYNAMIC)
-        if isinstance(config, MigDeviceConfig) and not is_mig:
+        if is_mig_device_config(config) and not is_mig:
             raise SharingError(
                 f"cannot apply MigDeviceConfig to device {d.device.name} ({_kind_words(kind)}): "
                 "use a GpuConfig for full GPUs and GPU shares"
             )
-        if isinstance(config, GpuConfig) and is_mig and config.sharing is not None:
+        if is_gpu_config(config) and is_mig and config.sharing is not None:
             what = (
                 "the time-slice interval is a whole-GPU setting"
                 if config.strategy == "TimeSlicing"
@@ -327,4 +331,3 @@ def gpu_lock_keys(devices: Iterable[Device]) -> tuple[set[str], set[str]]:
     for device in devices:
         (shared if device.kind is DeviceKind.GPU_SHARE else exclusive).add(device.parent_uuid)
     return exclusive, shared
-

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from dra_gpu.config.api import TIME_SLICE_INTERVALS
+from dra_gpu.config.names import TIME_SLICE_INTERVALS
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
 from dra_gpu.sharing.interface import SharingError
 from dra_gpu.sharing.registry import Registry

@@ -31,12 +31,15 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from dra_gpu.inventory.model import DRIVER_NAME, DeviceModel
-from dra_gpu.kube.client import node_uid, server_version
+from dra_gpu.kube.client import node_uid, request, server_version
 from dra_gpu.slices.slice_builder import build_slices
 from dra_gpu.slices.slice_sync import SyncPlan, comparable, plan_sync
 from dra_gpu.slices.slice_validation import check_slices
 
 log = logging.getLogger(__name__)
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+SLICE = SLICES + "/{name}"
 
 
 @dataclass
@@ -82,7 +85,6 @@ class SliceController:
     ) -> None:
         self._api_client = api_client
         # Any: we pass and read raw JSON (`_preload_content=False`), not the typed models
-        self._api: Any = client.ResourceV1Api(api_client)
         self.driver_name = driver_name or DRIVER_NAME
         self.node_name = node_name
         self._model_provider = model_provider
@@ -241,7 +243,7 @@ class SliceController:
         assert model is not None
         self.calls.list += 1
         listing = json.loads(
-            self._api.list_resource_slice(field_selector=self._selector, _preload_content=False).data
+            request(self._api_client, "GET", SLICES, query=[("fieldSelector", self._selector)]).data
         )
         self._list_version = listing["metadata"].get("resourceVersion")
         plan = plan_sync(
@@ -286,16 +288,13 @@ class SliceController:
 
     def _apply(self, plan: SyncPlan) -> None:
         for obsolete in plan.deletes:  # first, so a shrinking pool never has too many slices
-            options = client.V1DeleteOptions(
-                preconditions=client.V1Preconditions(
-                    uid=obsolete.uid or None, resource_version=obsolete.resource_version or None
-                )
-            )
+            preconditions = {"uid": obsolete.uid, "resourceVersion": obsolete.resource_version}
+            options = {"preconditions": {k: v for k, v in preconditions.items() if v}}
             with self._lock:
                 self._own_deletes.add(obsolete.name)
             self.calls.delete += 1
             try:
-                self._api.delete_resource_slice(obsolete.name, body=options, _preload_content=False)
+                request(self._api_client, "DELETE", SLICE, {"name": obsolete.name}, body=options).drain_conn()
             except ApiException as err:
                 if err.status != 404:
                     raise
@@ -303,13 +302,13 @@ class SliceController:
             self.calls.update += 1
             self._write(
                 item,
-                lambda body: self._api.replace_resource_slice(
-                    body["metadata"]["name"], body, _preload_content=False
+                lambda body: request(
+                    self._api_client, "PUT", SLICE, {"name": body["metadata"]["name"]}, body=body
                 ),
             )
         for item in plan.creates:
             self.calls.create += 1
-            self._write(item, lambda body: self._api.create_resource_slice(body, _preload_content=False))
+            self._write(item, lambda body: request(self._api_client, "POST", SLICES, body=body))
 
     def _write(self, item: dict[str, Any], call: Callable[[dict[str, Any]], Any]) -> None:
         """Write one slice; while it is in flight the watcher holds back judging events for that name."""
@@ -347,14 +346,15 @@ class SliceController:
 
     def _watch_from(self, version: str) -> None:
         self.calls.watch += 1
-        response = self._api.list_resource_slice(
-            field_selector=self._selector,
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout,
-            _preload_content=False,
-            _request_timeout=(10, self._watch_timeout + 10),
+        query = [
+            ("fieldSelector", self._selector),
+            ("watch", "true"),
+            ("resourceVersion", version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(self._watch_timeout)),
+        ]
+        response = request(
+            self._api_client, "GET", SLICES, query=query, timeout_s=(10, self._watch_timeout + 10)
         )
         self._watch_response = response
         try:

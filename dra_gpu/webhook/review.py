@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra_gpu.config.api import API_VERSION, LEGACY_API_VERSION, ConfigError, decode_opaque_config
+from dra_gpu.config.api import decode_opaque_config
+from dra_gpu.config.names import API_VERSION, LEGACY_API_VERSION, ConfigError
 from dra_gpu.inventory.model import DRIVER_NAME
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"

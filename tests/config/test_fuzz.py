@@ -7,7 +7,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dra_gpu.config.api import ConfigError, GpuConfig, MigDeviceConfig, decode_opaque_config
+from dra_gpu.config.api import GpuConfig, MigDeviceConfig, decode_opaque_config
+from dra_gpu.config.names import ConfigError
 
 FIELDS = [
     "apiVersion",

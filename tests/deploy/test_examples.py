@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from dra_gpu.config.api import ConfigError, decode_opaque_config
+from dra_gpu.config.api import decode_opaque_config
+from dra_gpu.config.names import ConfigError
 
 from .expect_model import SCHEMA_FILE, Expectation, ExpectationError, load_expectation, render_json_schema
 from .manifest_walk import (

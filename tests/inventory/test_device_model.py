@@ -223,6 +223,19 @@ def test_counters_allow_exactly_the_valid_mig_configurations(root: Path, hardwar
         assert whole is None
 
 
+@pytest.mark.parametrize("hardware", ["h100-80gb", "a100-40gb", "a100-80gb", "h200-141gb"])
+def test_largest_totals_are_those_of_the_largest_valid_configurations(root: Path, hardware: str) -> None:
+    """The GPU's counters are the most any valid configuration uses of each: the same as summing every
+    configuration `valid_configurations` yields (the counters' shared capacity rests on it)."""
+    _hw, discovery = _discover(root, hardware)
+    profiles = discovery.gpus[0].mig_profiles
+    names = ["memory", *(name for _c, name, _f in mig_geometry.ENGINE_DIMENSIONS)]
+    configurations = list(mig_geometry.valid_configurations(profiles))
+    brute = {name: max(sum(p.amount(name) for p in config) for config in configurations) for name in names}
+    assert mig_geometry.max_configuration_totals(profiles) == brute
+    assert brute["memory"] > 0 and brute["multiprocessors"] > 0
+
+
 def test_every_mig_device_consumes_its_memory_slices(root: Path) -> None:
     _, discovery = _discover(root, "h100-80gb")
     model = build_device_model(discovery)

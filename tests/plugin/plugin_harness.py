@@ -121,11 +121,12 @@ class PluginProcess:
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
         http_port: int | None = None,
+        python: str = sys.executable,
     ) -> None:
         self.node = node
         self.http_port = http_port
         argv = [
-            sys.executable,
+            python,
             "-m",
             "dra_gpu.cli.kubelet_plugin",
             "--node-name",

@@ -44,18 +44,22 @@ def test_unreachable_api_server_is_a_read_error() -> None:
         reader.get("ns", "c")
 
 
-def test_reads_from_threads_racing_the_warm_up(kube_apiserver: Any) -> None:
-    """The plugin warms the claim client up in a thread while prepares may already arrive: every reader gets
-    the claim, and one client is made for all of them."""
+def test_reads_from_threads_racing_the_warm_up(kube_apiserver: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugin loads its API client in a warm-up thread while prepares may already arrive: every reader
+    gets the claim, and one client is made for all of them."""
     from concurrent.futures import ThreadPoolExecutor
 
-    api_client = kube_apiserver.api_client()
-    name, uid = ClaimFactory(api_client, "node-warm").make("warm", [Result("gpu", "gpu-0")])
+    from dra_gpu.kube import client as kube_client
+
+    name, uid = ClaimFactory(kube_apiserver.api_client(), "node-warm").make("warm", [Result("gpu", "gpu-0")])
+    made: list[Any] = []
+    load = kube_client.load_api_client
+    monkeypatch.setattr(kube_client, "load_api_client", lambda path: made.append(load(path)) or made[-1])
+    api_client = kube_client.LazyApiClient(str(kube_apiserver.kubeconfig))
     reader = KubeClaimReader(api_client)
     with ThreadPoolExecutor(max_workers=8) as pool:
         warm = pool.submit(reader.warm_up)
         claims = list(pool.map(lambda _: reader.get("warm", name), range(16)))
         warm.result()
     assert all(c is not None and c["metadata"]["uid"] == uid for c in claims)
-    api = reader._resource_api()
-    assert all(reader._resource_api() is api for _ in range(3))
+    assert len(made) == 1 and api_client.loaded() is made[0]

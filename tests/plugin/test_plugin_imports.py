@@ -1,5 +1,6 @@
 """The kubelet plugin process loads only what it needs: never the CEL/explain/lint stack (cel-python, lark,
-re2), which is the optional `dra-gpu[tools]` extra and costs memory and start-up time on every node."""
+re2), which is the optional `dra-gpu[tools]` extra and costs memory and start-up time on every node; and
+neither the config models nor the typed core API for claims that do not need them."""
 
 from __future__ import annotations
 
@@ -43,6 +44,24 @@ def test_started_plugin_never_imports_the_cel_stack(
     modules = imported_modules(process.log_path.read_text(errors="replace"))
     assert "dra_gpu.plugin.prepare_service" in modules  # the log is the plugin's import trace
     assert forbidden_in(modules) == []
+    # Nor, for claims without an opaque config, the config models (they load with the first config), nor the
+    # typed core API (~1 s and 22 MB: the plugin's few pod and node calls go through request_json)
+    assert "dra_gpu.config.names" in modules and "dra_gpu.config.api" not in modules
+    assert any(m.startswith("kubernetes.client.") for m in modules)  # (threads' lines may interleave)
+    assert "kubernetes.client.api.core_v1_api" not in modules
+
+
+def test_a_kubeconfig_that_cannot_be_loaded_stops_the_plugin(node: SimNode, tmp_path: Path) -> None:
+    """The API client loads after the sockets serve (start-up does not wait for its imports); a kubeconfig
+    that cannot be loaded still stops the plugin, naming it, and leaves no socket behind."""
+    process = PluginProcess(node, str(tmp_path / "missing-kubeconfig"))
+    try:
+        assert process.wait_dead(30) == 1
+    finally:
+        process.stop()
+    log = process.log_path.read_text(errors="replace")
+    assert "cannot start: Kubernetes API client" in log and "missing-kubeconfig" in log
+    assert not node.registration_socket.exists()
 
 
 def test_dra_gpu_kubelet_plugin_command_does_not_load_other_subcommands() -> None:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client
 from sim_node import SimNode
 
 from dra_gpu.hardware.types import ComputeMode
@@ -49,7 +50,7 @@ class KubeletStandIn:
         self._thread.start()
 
     def _run(self) -> None:
-        core = self.launcher._core
+        core = client.CoreV1Api(self.launcher.api_client)
         while not self._stop.wait(0.05):
             try:
                 self._step(core)
@@ -104,8 +105,6 @@ class KubeletStandIn:
 
 @pytest.fixture
 def launcher(kube_apiserver: Any, node: SimNode) -> Iterator[PodLauncher]:
-    from kubernetes import client
-
     api_client = kube_apiserver.api_client()
     namespace = f"mps-{uuid.uuid4().hex[:8]}"
     client.CoreV1Api(api_client).create_namespace({"metadata": {"name": namespace}})
@@ -158,7 +157,7 @@ def test_the_daemon_pod_is_pinned_to_the_node_and_not_owned_by_the_plugin(
     assert launcher.alive(record)
 
     # The pod is replaced behind our back (same name, new UID): stopping the old identity leaves it alone.
-    launcher._core.delete_namespaced_pod(
+    client.CoreV1Api(launcher.api_client).delete_namespaced_pod(
         pod_name("claim-a-12345"), launcher.namespace, grace_period_seconds=0
     )
     impostor = dict(record, podUid=None)
@@ -167,7 +166,7 @@ def test_the_daemon_pod_is_pinned_to_the_node_and_not_owned_by_the_plugin(
     assert not launcher.alive(record)
     assert launcher.stop(record) == []
     assert launcher.alive(impostor)
-    launcher._core.delete_namespaced_pod(
+    client.CoreV1Api(launcher.api_client).delete_namespaced_pod(
         pod_name("claim-a-12345"), launcher.namespace, grace_period_seconds=0
     )
 
@@ -192,7 +191,8 @@ def test_a_share_in_pod_mode_prepares_reconciles_and_unprepares(launcher: PodLau
         assert manager.reconcile_mps([result.state]).restarted == []
 
         # the pod object is deleted by someone: the reconcile loop creates a new one with the same limits
-        launcher._core.delete_namespaced_pod(pod_name(daemon["id"]), launcher.namespace)
+        core = client.CoreV1Api(launcher.api_client)
+        core.delete_namespaced_pod(pod_name(daemon["id"]), launcher.namespace)
         deadline = time.monotonic() + 10
         while launcher.get(pod_name(daemon["id"])) is not None:
             assert time.monotonic() < deadline, kubelet.errors

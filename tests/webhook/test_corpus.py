@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from webhook_helpers import RunningWebhook
 
-from dra_gpu.config.api import ConfigError, decode_opaque_config
+from dra_gpu.config.api import decode_opaque_config
+from dra_gpu.config.names import ConfigError
 from dra_gpu.config.quantity import MIB, QuantityError, parse_quantity
 from dra_gpu.webhook.review import CONFIG_PATHS, review
 
