@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from e2e.lib.expectations import (
     phase,
     row_devices,
     row_pods,
+    runtime_start_flake,
 )
 from e2e.lib.images import mapping_from_dict, substitute_images
 from e2e.lib.kubectl import Kubectl
@@ -53,6 +54,7 @@ class ExampleOutcome:
     devices: str = "-"
     pods: str = "-"
     timings: dict[str, float] = field(default_factory=dict)
+    recreated: list[str] = field(default_factory=list)  # pods made again after a runtime start flake
 
 
 class ExampleFailedError(AssertionError):
@@ -188,6 +190,8 @@ class ExampleRun:
         held_since: float | None = None
         while True:
             observed = self.observe()
+            if self._recreate_runtime_flakes(observed.pods):
+                continue
             failures = check_all(self.exp, observed)
             now = time.monotonic()
             if not failures:
@@ -212,6 +216,33 @@ class ExampleRun:
         self.outcome.devices = row_devices(observed.claims)
         self.outcome.pods = row_pods(observed.pods)
         return observed
+
+    def _recreate_runtime_flakes(self, pods: Sequence[Mapping[str, Any]]) -> bool:
+        """Create again, once each, the example's own Pods that Failed because the container runtime could not
+        create their container for a reason of the host (expectations.runtime_start_flake): with
+        restartPolicy Never nothing else would. True when one was made again."""
+        made_again = False
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            message = runtime_start_flake(pod)
+            if message is None or name in self.outcome.recreated:
+                continue
+            doc = next(
+                (d for docs in self.documents() for d in docs
+                 if d.get("kind") == "Pod" and d.get("metadata", {}).get("name") == name),
+                None,
+            )  # fmt: skip
+            if doc is None:
+                continue  # made by a controller (a Job, a Deployment), which makes its own next pod
+            self.outcome.recreated.append(name)
+            note = f"pod {name}: the container runtime could not create it ({message[:300]}); made again"
+            print(note, flush=True)
+            self.log(note)
+            manifest = yaml.safe_dump({**doc, "metadata": {**doc["metadata"], "namespace": self.namespace}})
+            self.kubectl.delete_manifest(manifest, wait=True)
+            self.kubectl.apply(manifest)
+            made_again = True
+        return made_again
 
     def prepared_claims_without_cdi_spec(self) -> list[str]:
         """Allocated claims of running pods without a CDI spec file (a prepare that wrote nothing)."""

@@ -145,6 +145,26 @@ def phase(pod: Mapping[str, Any]) -> str:
     return str((pod.get("status") or {}).get("phase", "Pending"))
 
 
+# Container runtime failures to create a container that come from the host, not the driver or the
+# example: runc on a loaded cgroup v1 host can give up freezing the new container's cgroup (seen once in
+# ~20 CI runs on kind: "error setting cgroup config for procHooks process: unable to freeze").
+RUNTIME_START_FLAKES = ("unable to freeze",)
+
+
+def runtime_start_flake(pod: Mapping[str, Any]) -> str | None:
+    """The runtime's message when `pod` has Failed because a container could not be created for a reason of
+    the host (RUNTIME_START_FLAKES); None otherwise."""
+    if phase(pod) != "Failed":
+        return None
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        for state in (status.get("state") or {}, status.get("lastState") or {}):
+            terminated = state.get("terminated") or {}
+            message = str(terminated.get("message") or "")
+            if terminated.get("reason") == "StartError" and any(f in message for f in RUNTIME_START_FLAKES):
+                return message
+    return None
+
+
 def container_devices(
     pod: Mapping[str, Any], container: str, claims: Sequence[Mapping[str, Any]]
 ) -> list[AllocatedDevice]:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e.lib.container_report import ContainerReport
+from e2e.lib.example_runner import ExampleRun
 from e2e.lib.expectations import (
     Observed,
     check_all,
@@ -15,6 +18,7 @@ from e2e.lib.expectations import (
     leftover_cdi_specs,
     mig_placement_of,
     mps_limit_bytes,
+    runtime_start_flake,
 )
 from tests.deploy.expect_model import load_expectation
 
@@ -240,3 +244,61 @@ def test_small_parsers() -> None:
     assert leftover_cdi_specs(["gpu.nvidia.com-claim_uid-1.json", "other.json"], ["uid-1", ""]) == [
         "gpu.nvidia.com-claim_uid-1.json"
     ]
+
+
+def _failed_pod(name: str, reason: str, message: str, phase_now: str = "Failed") -> dict[str, Any]:
+    terminated = {"reason": reason, "message": message, "exitCode": 128}
+    return {
+        "metadata": {"name": name},
+        "status": {
+            "phase": phase_now,
+            "containerStatuses": [{"name": "ctr", "state": {"terminated": terminated}}],
+        },
+    }
+
+
+FREEZE = (
+    "failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create "
+    "failed: unable to start container process: error during container init: error setting cgroup config for "
+    "procHooks process: unable to freeze"
+)
+
+
+def test_a_runtime_start_flake_is_told_apart_from_real_start_failures() -> None:
+    assert runtime_start_flake(_failed_pod("p", "StartError", FREEZE)) == FREEZE
+    # a container that could not start for the example's or the driver's reason stays a failure
+    missing_cdi = "CDI device injection failed: unresolvable CDI devices gpu.nvidia.com/claim=x-gpu-0"
+    assert runtime_start_flake(_failed_pod("p", "StartError", missing_cdi)) is None
+    assert runtime_start_flake(_failed_pod("p", "Error", FREEZE)) is None
+    assert runtime_start_flake(_failed_pod("p", "StartError", FREEZE, phase_now="Running")) is None
+
+
+class _RecordingKubectl:
+    """Stands in for kubectl in the harness's own test: records what the runner would send."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def delete_manifest(self, manifest: str, namespace: str | None = None, wait: bool = True) -> None:
+        self.calls.append(("delete", yaml.safe_load(manifest)))
+
+    def apply(self, manifest: str, namespace: str | None = None, server_side: bool = False) -> str:
+        self.calls.append(("apply", yaml.safe_load(manifest)))
+        return ""
+
+
+def test_the_runner_makes_a_pod_again_once_after_a_runtime_start_flake() -> None:
+    kubectl = _RecordingKubectl()
+    settings = SimpleNamespace(test_image="dra-gpu-test:local")
+    run = ExampleRun(EXAMPLES / "time-slicing-intervals", kubectl, None, settings)  # type: ignore[arg-type]
+    flaky = _failed_pod("pod-long", "StartError", FREEZE)
+    assert run._recreate_runtime_flakes([flaky, _failed_pod("not-in-the-manifests", "StartError", FREEZE)])
+    assert [(verb, doc["metadata"]["name"]) for verb, doc in kubectl.calls] == [
+        ("delete", "pod-long"),
+        ("apply", "pod-long"),
+    ]
+    made = kubectl.calls[1][1]
+    assert made["kind"] == "Pod" and made["metadata"]["namespace"] == "time-slicing-intervals"
+    assert {c["image"] for c in made["spec"]["containers"]} == {"dra-gpu-test:local"}
+    assert not run._recreate_runtime_flakes([flaky])  # once: a second failure is the example's
+    assert len(kubectl.calls) == 2
