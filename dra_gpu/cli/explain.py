@@ -265,6 +265,8 @@ def _live_inventory(kubeconfig: str) -> Inventory:
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
 
+    from dra_gpu.kube.client import request_json
+
     try:
         api_client = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
     except Exception as error:
@@ -281,8 +283,7 @@ def _live_inventory(kubeconfig: str) -> Inventory:
         inventory.claims = items("resourceclaims")
         inventory.classes = items("deviceclasses")
         inventory.templates = items("resourceclaimtemplates")
-        response: Any = client.CoreV1Api(api_client).list_node(_preload_content=False)
-        for item in json.loads(response.data)["items"]:
+        for item in request_json(api_client, "GET", "/api/v1/nodes")["items"]:
             meta = item.get("metadata") or {}
             inventory.nodes.append(Node(str(meta.get("name")), dict(meta.get("labels") or {})))
     except ApiException as error:

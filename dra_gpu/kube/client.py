@@ -215,8 +215,3 @@ def node_uid(api_client: client.ApiClient, node_name: str) -> str | None:
             return None
         raise
     return str(node["metadata"]["uid"])
-
-
-def response_json(response: Any) -> Any:
-    """The JSON body of a `_preload_content=False` response."""
-    return json.loads(response.data)

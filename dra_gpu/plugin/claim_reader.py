@@ -1,7 +1,8 @@
 """Read ResourceClaims from the API server, as plain JSON dicts (camelCase, as on the wire).
 
 The prepare path only needs a few fields of the claim, so the response is not turned into client models
-(`_preload_content=False`): less time per Prepare, and no strictness surprises from generated models.
+(`dra_gpu.kube.client.request_json`): less time per Prepare, and no strictness surprises from generated
+models.
 """
 
 from __future__ import annotations

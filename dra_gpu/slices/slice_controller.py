@@ -31,7 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from dra_gpu.inventory.model import DRIVER_NAME, DeviceModel
-from dra_gpu.kube.client import node_uid, request, server_version
+from dra_gpu.kube.client import node_uid, request, request_json, server_version
 from dra_gpu.slices.slice_builder import build_slices
 from dra_gpu.slices.slice_sync import SyncPlan, comparable, plan_sync
 from dra_gpu.slices.slice_validation import check_slices
@@ -83,8 +83,7 @@ class SliceController:
         backoff_max: float = 30.0,
         watch_timeout: int = 60,
     ) -> None:
-        self._api_client = api_client
-        # Any: we pass and read raw JSON (`_preload_content=False`), not the typed models
+        self._api_client = api_client  # raw JSON through kube.client.request(_json), not typed models
         self.driver_name = driver_name or DRIVER_NAME
         self.node_name = node_name
         self._model_provider = model_provider
@@ -242,9 +241,7 @@ class SliceController:
             model = self._model
         assert model is not None
         self.calls.list += 1
-        listing = json.loads(
-            request(self._api_client, "GET", SLICES, query=[("fieldSelector", self._selector)]).data
-        )
+        listing = request_json(self._api_client, "GET", SLICES, query=[("fieldSelector", self._selector)])
         self._list_version = listing["metadata"].get("resourceVersion")
         plan = plan_sync(
             listing.get("items") or [],
@@ -302,13 +299,13 @@ class SliceController:
             self.calls.update += 1
             self._write(
                 item,
-                lambda body: request(
+                lambda body: request_json(
                     self._api_client, "PUT", SLICE, {"name": body["metadata"]["name"]}, body=body
                 ),
             )
         for item in plan.creates:
             self.calls.create += 1
-            self._write(item, lambda body: request(self._api_client, "POST", SLICES, body=body))
+            self._write(item, lambda body: request_json(self._api_client, "POST", SLICES, body=body))
 
     def _write(self, item: dict[str, Any], call: Callable[[dict[str, Any]], Any]) -> None:
         """Write one slice; while it is in flight the watcher holds back judging events for that name."""
@@ -316,8 +313,7 @@ class SliceController:
         with self._lock:
             self._inflight.add(name)
         try:
-            response = json.loads(call(item).data)
-            self._remember(item, response)
+            self._remember(item, call(item))
         finally:
             with self._lock:
                 self._inflight.discard(name)

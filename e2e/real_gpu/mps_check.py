@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,23 @@ RAISE = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM
 LOWER = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1G"}
 
 
-def client(record: dict[str, Any] | None, extra: dict[str, str]) -> Any:
+def client(
+    record: dict[str, Any] | None, extra: dict[str, str], prefix: Sequence[str] = (), timeout: float = 120
+) -> Any:
+    """What cuda_client.py reports as a client of `record`'s daemon with `extra` in its environment, run
+    behind `prefix` (e.g. a private mount namespace); subprocess.TimeoutExpired after `timeout` seconds."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
     if record is not None:
         env["CUDA_MPS_PIPE_DIRECTORY"] = record["pipeDir"]
         env["CUDA_MPS_LOG_DIRECTORY"] = record["logDir"]
     env.update(extra)
     done = subprocess.run(
-        [sys.executable, str(CLIENT)], env=env, capture_output=True, text=True, timeout=120, check=False
+        [*prefix, sys.executable, str(CLIENT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     try:
         return json.loads(done.stdout)
@@ -90,14 +100,19 @@ def entrypoint_check(daemons: MpsDaemons, spec: DaemonSpec, base: Path) -> dict[
     return result
 
 
-def main() -> int:
+def open_gpu(temp_prefix: str) -> tuple[Any, Any, Path]:
+    """From the command line (--nvidia-driver-root, --hardware): the hardware, its first GPU and a fresh
+    temporary directory for the daemons' pipe, log and shm directories."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--nvidia-driver-root", default="/")
     parser.add_argument("--hardware", default="real", help="a simulator profile checks the script itself")
     args = parser.parse_args()
     hardware = open_hardware(args.hardware, args.nvidia_driver_root)
-    gpu = hardware.discover().gpus[0]
-    base = Path(tempfile.mkdtemp(prefix="dra-gpu-mps-check."))
+    return hardware, hardware.discover().gpus[0], Path(tempfile.mkdtemp(prefix=temp_prefix))
+
+
+def main() -> int:
+    hardware, gpu, base = open_gpu("dra-gpu-mps-check.")
     daemons = MpsDaemons(hardware, base, mount_shm=False)
     report: dict[str, Any] = {"gpu": {"uuid": gpu.uuid, "name": gpu.product_name}}
     report["clients"] = {"noMps": client(None, {})}

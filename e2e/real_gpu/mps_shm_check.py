@@ -15,43 +15,30 @@ got (SM count under MPS, or its error) and which files MPS left in each /dev/shm
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from dra_gpu.hardware.loader import open_hardware
 from dra_gpu.sharing.mps import DaemonSpec, MpsDaemons, daemon_limit_env, limit_commands
 from dra_gpu.sharing.mps_pods import ENTRYPOINT, pod_limit_env
+from e2e.real_gpu.mps_check import client, open_gpu
 
-CLIENT = Path(__file__).with_name("cuda_client.py")
 IN_SHM = 'mount --bind "$0" /dev/shm && exec "$@"'  # run as `unshare --mount sh -c IN_SHM <shm> <cmd...>`
 PRIVATE_MOUNTS = ["unshare", "--mount", "--propagation", "private", "sh", "-c", IN_SHM]
 
 
 def _client(record: dict[str, Any], in_tmpfs: bool) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
-    env["CUDA_MPS_PIPE_DIRECTORY"] = record["pipeDir"]
-    env["CUDA_MPS_LOG_DIRECTORY"] = record["logDir"]
-    command = [sys.executable, str(CLIENT)]
-    if in_tmpfs:
-        command = [*PRIVATE_MOUNTS, record["shmDir"], *command]
+    """A client with the daemon's tmpfs bound on its /dev/shm (a container's view), or with the host's."""
+    prefix = [*PRIVATE_MOUNTS, record["shmDir"]] if in_tmpfs else []
     started = time.monotonic()
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=40, check=False)
+        result = client(record, {}, prefix, timeout=40)
     except subprocess.TimeoutExpired:
         return {"timedOut": 40}
-    result: dict[str, Any] = {"exit": done.returncode, "seconds": round(time.monotonic() - started, 2)}
-    try:
-        result.update(json.loads(done.stdout))
-    except ValueError:
-        result["stdout"], result["stderr"] = done.stdout[-400:], done.stderr[-400:]
-    return result
+    return {**result, "seconds": round(time.monotonic() - started, 2)}
 
 
 def _listing(path: str) -> list[str]:
@@ -82,13 +69,7 @@ def _clients(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--nvidia-driver-root", default="/")
-    parser.add_argument("--hardware", default="real", help="a simulator profile checks the script itself")
-    args = parser.parse_args()
-    hardware = open_hardware(args.hardware, args.nvidia_driver_root)
-    gpu = hardware.discover().gpus[0]
-    base = Path(tempfile.mkdtemp(prefix="dra-gpu-mps-shm."))
+    hardware, gpu, base = open_gpu("dra-gpu-mps-shm.")
     daemons = MpsDaemons(hardware, base, mount_shm=True)
     spec = DaemonSpec("process", (gpu.uuid,), (), thread_percentage=25, pinned_limits={gpu.uuid: 2 << 30})
     report: dict[str, Any] = {"gpu": gpu.product_name}
