@@ -117,8 +117,8 @@ def render_table(entries: Iterable[CatalogEntry], hardware: Mapping[str, str]) -
             ours = "the same; `make e2e` asserts it from inside the pods"
         elif e.status == "run":
             ours = (
-                f"the same on a simulated {node}: `DRA_GPU_E2E_HARDWARE={node} e2e/run-e2e.sh -k "
-                f"nvidia_conformance` asserts it; `make e2e` ({MAKE_E2E_HARDWARE}) skips it"
+                f"the same; `make e2e` asserts it from inside the pods, with the host plugin switched to a "
+                f"simulated {node} set up as NVIDIA's README says (its expect.yaml); skipped on kind"
             )
         elif e.status == "xfail":
             ours = f"expected failure for now: {e.reason}"

@@ -243,6 +243,11 @@ class Expectation(_Strict):
     name: DnsLabel
     summary: str = Field(min_length=1)
     hardware: str = Field(default="dgx-h100", description="simulated node layout the expectations hold for")
+    nvidiaSmi: list[str] = Field(
+        default_factory=list,
+        description="what an admin does on the node out of band before the example (NVIDIA's READMEs: MIG "
+        "mode, a mig-parted layout), as nvidia-smi argument lists run in this order on a fresh simulated "
+        "node of `hardware`")
     namespace: DnsLabel
     manifests: list[str] = Field(min_length=1, description="files applied in this order")
     footprint: Footprint

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,35 @@ def test_consumable_shares_mode_from_the_published_gpus() -> None:
 
 def test_make_e2e_hardware_is_the_suite_default() -> None:
     assert load_settings({}).hardware == MAKE_E2E_HARDWARE
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [e for e in RUNNABLE if load_expectation(e.folder / "expect.yaml").nvidiaSmi],
+    ids=lambda e: e.name,
+)
+def test_out_of_band_setup_makes_the_example_allocatable(entry: CatalogEntry, tmp_path: Path) -> None:
+    """An example's `nvidiaSmi` steps (NVIDIA's README: gpu-test4 wants mig-parted's half-balanced layout)
+    run on a fresh simulated node of its hardware, which then publishes devices its claims allocate from:
+    `dra-gpu explain` over that node's slices, as kube-scheduler would (the e2e test runs it for real)."""
+    from e2e.lib.other_hardware import run_nvidia_smi
+
+    exp = load_expectation(entry.folder / "expect.yaml")
+    root = tmp_path / "root"
+    files = [arg for name in exp.manifests for arg in ("-f", str(entry.folder / name))]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dra_gpu.cli.main", *args], capture_output=True, text=True, timeout=300
+        )
+
+    assert cli("hardware", "init-sim", "--hardware", exp.hardware, "--driver-root", str(root)).returncode == 0
+    before = cli("explain", "--hardware", exp.hardware, *files)
+    assert before.returncode == 1, f"allocatable without the setup, so this tests nothing:\n{before.stdout}"
+    run_nvidia_smi(root, exp.nvidiaSmi)
+    node = ("--hardware", exp.hardware, "--driver-root", str(root), "--node", "n1")
+    published = cli("slices", *node, "-o", "json")
+    assert published.returncode == 0, published.stderr
+    (tmp_path / "slices.json").write_text(published.stdout)
+    after = cli("explain", "--slices", str(tmp_path / "slices.json"), *files)
+    assert after.returncode == 0, after.stdout + after.stderr

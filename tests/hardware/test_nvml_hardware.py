@@ -300,3 +300,37 @@ def test_addressing_mode_failure_fails_that_gpu_as_nvidia_does(root: Path) -> No
     result = hw.discover()
     assert [e.gpu_index for e in result.errors] == [2] and 2 not in [g.index for g in result.gpus]
     assert "nvmlDeviceGetAddressingMode failed" in result.errors[0].message
+
+
+def test_fake_nvidia_smi_applies_a_mig_parted_layout(root: Path) -> None:
+    """NVIDIA's quickstart README applies mig-parted's `half-balanced` layout before gpu-test4; the simulated
+    nvidia-smi does the same steps (`-mig 1`, a reset on Ampere, `mig -cgi ... -C`) and the driver sees the
+    MIG devices as it would after mig-parted."""
+    hw = open_hardware("dgx-a100", str(root))
+    smi = str(root / "usr/bin/nvidia-smi")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([smi, *args], capture_output=True, text=True, timeout=60)
+
+    assert run("-i", "0,1", "-mig", "1").returncode == 0
+    off = run("mig", "-i", "0", "-cgi", "19", "-C")  # pending until the reset: nothing is made
+    assert off.returncode != 0 and hw.list_mig_devices(hw.discover().gpus[0].uuid) == []
+    assert run("-i", "0,1", "-r").returncode == 0
+    done = run("mig", "-i", "0,1", "-cgi", "1g.5gb,1g.5gb,2g.10gb,3g.20gb", "-C")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("Successfully created GPU instance") == 8
+    assert done.stdout.count("Successfully created compute instance") == 8
+    gpus = hw.discover().gpus
+    for gpu in gpus[:2]:
+        made = hw.list_mig_devices(gpu.uuid)
+        assert sorted(d.profile for d in made) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
+        for device in made:  # each with its capability device nodes, as the CDI spec needs them
+            access = root / f"proc/driver/nvidia/capabilities/gpu{gpu.minor}/mig/gi{device.gi_id}/access"
+            minor = int(access.read_text().split("\n")[0].split(": ")[1])
+            assert (root / f"dev/nvidia-caps/nvidia-cap{minor}").exists()
+    assert hw.list_mig_devices(gpus[2].uuid) == []
+    full = run("mig", "-i", "0", "-cgi", "19")  # no room left: fails, changes nothing
+    assert full.returncode != 0 and len(hw.list_mig_devices(gpus[0].uuid)) == 4
+    unknown = run("mig", "-i", "0", "-cgi", "2g.99gb")
+    assert unknown.returncode == 2 and "no GPU instance profile '2g.99gb'" in unknown.stderr
+    assert "14 (2g.10gb)" in unknown.stderr

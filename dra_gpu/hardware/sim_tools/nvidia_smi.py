@@ -1,12 +1,11 @@
 """A fake `nvidia-smi` for simulated driver roots (`DRA_GPU_SIM_ROOT`), backed by the NVML simulator.
 
 Supported: `-L`, `-q [-x] [-i X]`, `-i X -c MODE`, `compute-policy -i X --set-timeslice N`, `mig
--lgip|-lgipp|-lgi
-[-i X]`, `-i X -mig 0|1`, `-i X -r` (reset: applies a pending MIG mode). `X` is an index, a UUID or a PCI bus
-id,
-comma-separated lists allowed. Output follows the real tool's layout closely enough for the driver and for
-people
-comparing with a real machine; changes go into the simulator state.
+-lgip|-lgipp|-lgi [-i X]`, `mig [-i X] -cgi P[,P...] [-C]` (GPU instances by profile ID or name, each with
+its full compute instance under `-C`: what nvidia-mig-parted does for a layout), `-i X -mig 0|1`, `-i X -r`
+(reset: applies a pending MIG mode). `X` is an index, a UUID or a PCI bus id, comma-separated lists allowed.
+Output follows the real tool's layout closely enough for the driver and for people comparing with a real
+machine; changes go into the simulator state.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import pynvml
 
 from dra_gpu.hardware import profiles
 from dra_gpu.hardware.sim_driver_root import open_simulated_nvml
-from dra_gpu.hardware.simulator.nvml import SimulatedNvml
+from dra_gpu.hardware.simulator.nvml import CI_PROFILE_SLICES, SimulatedNvml
 from dra_gpu.hardware.simulator.state import SimState
 
 _COMPUTE_MODES = {"0": 0, "DEFAULT": 0, "2": 2, "PROHIBITED": 2, "3": 3, "EXCLUSIVE_PROCESS": 3}
@@ -292,10 +291,46 @@ class Smi:
                 )
         return "\n".join(lines)
 
+    def create_gpu_instances(
+        self, selected: list[profiles.SimulatedGpu], wanted: list[str], with_ci: bool
+    ) -> str:
+        """GPU instances of the `wanted` profiles (IDs such as `19` or names such as `1g.5gb`), in the order
+        given, on each selected GPU, where NVML places them (`nvmlDeviceCreateGpuInstance`); with `with_ci`
+        each gets the compute instance that spans it. An NVML error (MIG off, no room) stops here and
+        raises, leaving what was made before it, as the real tool does."""
+        lines = []
+        for gpu in selected:
+            for token in wanted:
+                spec = _mig_profile(gpu, token.strip())
+                gi = self.nvml.nvmlDeviceCreateGpuInstance(self.handle(gpu), spec.gi_profile_id)
+                gi_id = self.nvml.nvmlGpuInstanceGetInfo(gi).id
+                lines.append(
+                    f"Successfully created GPU instance ID {gi_id:>2} on GPU {gpu.index:>2} using profile "
+                    f"MIG {spec.name} (ID {spec.gi_profile_id:>2})"
+                )
+                if not with_ci:
+                    continue
+                ci_profile = next(p for p, n in CI_PROFILE_SLICES.items() if n == spec.compute_slices)
+                ci = self.nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile)
+                ci_id = self.nvml.nvmlComputeInstanceGetInfo(ci).id
+                lines.append(
+                    f"Successfully created compute instance ID {ci_id:>2} on GPU {gpu.index:>2} GPU instance "
+                    f"ID {gi_id:>2} using profile MIG {spec.name} (ID {ci_profile:>2})"
+                )
+        return "\n".join(lines)
+
     def reset(self, selected: list[profiles.SimulatedGpu]) -> str:
         for gpu in selected:
             self.nvml.reset_gpu(gpu.index)
         return "\n".join(f"GPU {gpu.pci_bus_id} was successfully reset." for gpu in selected)
+
+
+def _mig_profile(gpu: profiles.SimulatedGpu, token: str) -> profiles.MigProfileSpec:
+    for spec in gpu.profile.mig_profiles:
+        if token in (str(spec.gi_profile_id), spec.name, f"MIG {spec.name}"):
+            return spec
+    known = ", ".join(f"{s.gi_profile_id} ({s.name})" for s in gpu.profile.mig_profiles) or "none"
+    raise UsageError(f"GPU {gpu.index} has no GPU instance profile {token!r}; its profiles: {known}")
 
 
 def run(argv: Sequence[str], nvml: SimulatedNvml) -> tuple[int, str]:
@@ -315,6 +350,12 @@ def run(argv: Sequence[str], nvml: SimulatedNvml) -> tuple[int, str]:
             return 0, smi.mig_list_profiles(target, placements=False)
         if _flag(args, "-lgipp", "--list-gpu-instance-possible-placements"):
             return 0, smi.mig_list_profiles(target, placements=True)
+        created = _option(args, "-cgi", "--create-gpu-instance")
+        if created is not None:
+            with_ci = _flag(args, "-C", "--default-compute-instance")
+            if args:
+                raise UsageError(f"unsupported mig arguments: {' '.join(args)}")
+            return 0, smi.create_gpu_instances(target, created.split(","), with_ci)
         if _flag(args, "-lgi", "--list-gpu-instances"):
             text = smi.mig_list_instances(target)
             return (6 if text.startswith("No GPU instances") else 0), text

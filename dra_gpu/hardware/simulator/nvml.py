@@ -53,7 +53,7 @@ from dra_gpu.hardware.simulator.state import (
 _T = TypeVar("_T")
 
 # Compute-instance profile enum -> compute slices (the CI profile id equals the enum on hardware).
-_CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}
+CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}
 # Compute-instance sizes a GPU instance of N compute slices offers (`nvidia-smi mig -lcip`).
 _CI_SIZES_FOR_GI = {1: (1,), 2: (1, 2), 3: (1, 2, 3), 4: (1, 2, 4), 7: (1, 2, 3, 4, 7)}
 MAX_MIG_DEVICES = 7
@@ -652,7 +652,7 @@ class SimulatedNvml:
         spec = self._mig_profile_by_id(gpu, gi.profile_id)
         if eng_profile != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED or version not in (1, 2):
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        slices = _CI_PROFILE_SLICES.get(profile)
+        slices = CI_PROFILE_SLICES.get(profile)
         if slices is None or slices not in _CI_SIZES_FOR_GI[spec.compute_slices]:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         info: Any = (
@@ -681,7 +681,7 @@ class SimulatedNvml:
         state, ref, gi0 = self._gi_handle(gpu_instance, "nvmlGpuInstanceCreateComputeInstance")
         gpu = self._gpus(state)[ref.gpu_index]
         spec = self._mig_profile_by_id(gpu, gi0.profile_id)
-        slices = _CI_PROFILE_SLICES.get(profile_id)
+        slices = CI_PROFILE_SLICES.get(profile_id)
         if slices is None or slices not in _CI_SIZES_FOR_GI[spec.compute_slices]:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
