@@ -359,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
     faults = FaultPoints.from_env()
     locks = GpuLocks(paths.plugin_dir)  # one set for prepares and the sharing manager's own work
     sharing = _make_sharing_manager(args, api_client, hardware, paths.plugin_dir, faults.reached, locks)
+    sharing.refresh(*inventory.last_discovery)  # the GPU facts just read: the start-up cleanup needs them
     service = PrepareService(
         node_name=args.node_name,
         claims=KubeClaimReader(api_client),

@@ -175,3 +175,27 @@ def test_unreadable_owned_set_keeps_the_previous_model(sim: SimNode) -> None:
     with pytest.raises(DiscoveryFailedError, match="cannot read which MIG devices prepared claims own"):
         inventory.refresh()
     assert rediscovery.run_once() is False and inventory.model() is before and seen == []
+
+
+def test_an_unchanged_discovery_reuses_the_model_and_a_change_rebuilds_it(sim: SimNode) -> None:
+    """The plugin re-discovers right after its start-up cleanup and then periodically; when neither the
+    hardware nor the owned MIG set changed, the model (a pure function of both) is not built again. Every
+    discovery still reaches the listener, so the sharing manager's GPU facts stay current."""
+    hardware = open_hardware(sim.hardware, str(sim.driver_root))
+    inventory = DeviceInventory(hardware)
+    first = inventory.model()
+    heard: list[DiscoveryResult] = []
+    inventory.connect(owned_mig=frozenset, on_discovery=lambda d, _t: heard.append(d))
+    model, changed = inventory.refresh()
+    assert model is first and not changed and len(heard) == 1
+    assert inventory.last_discovery[0] is heard[0]
+
+    uuid = heard[0].gpus[2].uuid
+    hardware.create_mig_device(uuid, 19, 6)  # out of band: published as it is, hiding what it overlaps
+    model, changed = inventory.refresh()
+    assert changed and model is not first and "gpu-2" not in names(model)
+    again, changed = inventory.refresh()
+    assert again is model and not changed
+    inventory.connect(owned_mig=lambda: {(uuid, heard[-1].gpus[2].mig_instances[0].gi_id)})
+    ours, changed = inventory.refresh()  # the same hardware, but now the instance is a claim's
+    assert changed and ours is not model and names(ours) == names(first)
