@@ -7,13 +7,14 @@ sharing group's `state` is recorded as soon as the group is prepared, so an inte
 after a restart.
 
 Guarantees:
-- Atomic replacement: temp file in the same directory, fsync, rename, fsync of the directory. A failed write
-  (disk full, read-only) raises `CheckpointWriteError` and leaves the previous file as it was.
+- Atomic replacement: temp file in the same directory, rename (with `durable`, fsync of the file before and
+  of the directory after; the prepare service's records skip them, see `PrepareService._commit`). A failed
+  write (disk full, read-only) raises `CheckpointWriteError` and leaves the previous file as it was.
 - One writer per node: `locked()` takes an in-process lock and an `flock` on `checkpoint.lock`, so two
   plugin instances (rolling update) never interleave their read-modify-write cycles. Each cycle is short;
   concurrency between claims comes from `GpuLocks`, not from here. `update_claim` writes the claim updates
-  that queued behind the lock meanwhile in one cycle (group commit), so a burst of prepares costs one write
-  per turn of the lock, not one per update.
+  that queued while a write was under way in one cycle (group commit), so a burst of prepares costs one write
+  per write in progress, not one per update.
 - Cheap reads on the prepare path: `read(shared=True)` gives the file as this process last wrote it, kept
   parsed, while the file is still that one (same inode, size and mtime: every write renames a new inode into
   place, ours or another instance's). Its entries are shared with the cache and must not be changed in place
@@ -32,6 +33,7 @@ import enum
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -274,10 +276,14 @@ class CheckpointStore:
         self._boot_time = boot_time  # tests set it; else from /proc/stat
         self._thread_lock = threading.RLock()
         self._depth = 0
+        self._owner: int | None = None  # the thread inside locked()
         self._lock_fd: int | None = None
         self._last: tuple[tuple[int, int, int], Checkpoint] | None = None  # (file identity, what it holds)
         self._pending_lock = threading.Lock()
         self._pending: list[_Update] = []  # update_claim's changes not yet written
+        # update_claim's leader/followers: one caller writes the queue, the others wait for their change
+        self._queue = threading.Condition(self._pending_lock)
+        self._writing = False  # a leader is taking the lock or writing
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -289,14 +295,17 @@ class CheckpointStore:
         try:
             if self._depth == 0:
                 self._lock_fd = self._take_file_lock()
+                self._owner = threading.get_ident()
             self._depth += 1
             try:
                 yield
             finally:
                 self._depth -= 1
-                if self._depth == 0 and self._lock_fd is not None:
-                    unlock_and_close(self._lock_fd)
-                    self._lock_fd = None
+                if self._depth == 0:
+                    self._owner = None
+                    if self._lock_fd is not None:
+                        unlock_and_close(self._lock_fd)
+                        self._lock_fd = None
         finally:
             self._thread_lock.release()
 
@@ -313,29 +322,59 @@ class CheckpointStore:
         made, under the lock (with the changes written in the same go before it), and may refuse the change
         by raising: the change is then left out and its exception raised here.
 
-        Group commit: updates that queue behind the lock meanwhile are written together, by whichever of their
-        threads gets it first, in one write (durable when any of them asked for it). Each call still returns
-        only after a write that holds its change, or raises the error of that write; a claim's calls never
-        overlap (GpuLocks.claim), so one write holds at most one change per claim. Under a burst of prepares
-        this turns one whole-file write per change into one per turn of the lock."""
+        Group commit: a caller that finds no write under way leads: it takes the lock and writes every update
+        queued by then in one write (durable when any of them asked for it); callers that arrive meanwhile
+        wait for the write that takes their change, not for the lock, and the next leader comes from those
+        still queued. Each call still returns only after a write that holds its change, or raises the error
+        of that write; a claim's calls never overlap (GpuLocks.claim), so one write holds at most one change
+        per claim. Under a burst of prepares this turns one whole-file write per change into one per write
+        in progress."""
         update = _Update(uid, entry, durable, check)
-        with self._pending_lock:
+        deadline = time.monotonic() + self._queue_timeout_s
+        with self._queue:
             self._pending.append(update)
-        try:
-            with self.locked():
-                if not update.done.is_set():
+            if self._owner == threading.get_ident():
+                leader = True  # inside this thread's own locked(): write now, re-entrantly
+                self._writing = True
+            else:
+                leader = self._wait_as_follower(update, deadline)
+        if leader:
+            try:
+                with self.locked():
                     self._write_pending()
-        except CheckpointLockError:
-            with self._pending_lock:
-                if update in self._pending:  # nobody took it: it is not written, ever
-                    self._pending.remove(update)
-                    raise
-            update.done.wait()  # the thread that took it holds the lock and is writing it now
+            except CheckpointLockError:
+                with self._pending_lock:
+                    if update in self._pending:  # nobody took it: it is not written, ever
+                        self._pending.remove(update)
+                        raise
+            finally:
+                with self._queue:
+                    self._writing = False
+                    self._queue.notify_all()
+        update.done.wait()  # taken by a write: this thread's own, or a leader's that is finishing now
         if update.error is not None:
             raise update.error
         if update.written is None:  # the writing thread was interrupted (BaseException)
             raise CheckpointWriteError(f"{self.path}: the write of claim {uid}'s entry was interrupted")
         return update.written
+
+    def _wait_as_follower(self, update: _Update, deadline: float) -> bool:
+        """Under `_queue`, with `update` queued: True when this caller is to write the queue (the leader)."""
+        # A follower: the leader writes the whole queue, this change with it; wait for that rather than for
+        # the lock (each waiter taking and releasing the lock in turn only to find its change written cost a
+        # lock hand-over per claim under a burst).
+        while self._writing and not update.done.is_set():
+            if not self._queue.wait(timeout=max(deadline - time.monotonic(), 0)):
+                break
+        if not update.done.is_set() and self._writing and update in self._pending:
+            self._pending.remove(update)  # timed out, nobody took it: it is not written, ever
+            raise CheckpointLockError(
+                f"{self.lock_path}: waited {self._queue_timeout_s}s behind other calls of this plugin"
+            )
+        if update.done.is_set() or update not in self._pending:
+            return False  # written, or in the batch a leader is writing now
+        self._writing = True
+        return True
 
     def _write_pending(self) -> None:
         """Inside `locked()`: write every queued update (this thread's among them) in one go."""

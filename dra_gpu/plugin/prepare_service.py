@@ -340,14 +340,23 @@ class PrepareService:
         ref: ClaimRef,
         entry: ClaimEntry | None,
         *,
-        durable: bool = True,
         check: Callable[[Checkpoint], None] | None = None,
     ) -> None:
         """Record (or with None, drop) this claim's entry, leaving every other claim's as the file has it;
         written together with other claims' commits queued meanwhile (CheckpointStore.update_claim). `check`
-        may refuse it (raising ClaimError) on the checkpoint it would change."""
+        may refuse it (raising ClaimError) on the checkpoint it would change.
+
+        Atomic (a whole file renamed into place) but not fsynced. The records exist to answer a repeated
+        prepare and to undo or unprepare what a claim holds after this process restarts, and the page cache
+        outlives the process. Only a power loss or a kernel crash outlives the page cache, and either reboots
+        the node, which ends everything the records describe (MIG instances, MPS daemons, compute modes, time
+        slices): the checkpoint of another boot reads as empty, an unreadable one written before the boot is
+        discarded, CDI specs no record names are removed at start, and the kubelet prepares its pods' claims
+        again. So the
+        fsyncs (two per write: the file, then its directory; the Go example driver's checkpoint does one)
+        would buy nothing while costing every prepare and unprepare."""
         try:
-            checkpoint = self.checkpoints.update_claim(ref.uid, entry, durable=durable, check=check)
+            checkpoint = self.checkpoints.update_claim(ref.uid, entry, durable=False, check=check)
         except CheckpointError as exc:
             raise ClaimError("checkpoint", f"claim {ref}: {exc}") from exc
         self._update_gauges(checkpoint)
@@ -403,13 +412,6 @@ class PrepareService:
         except CheckpointError as exc:
             raise ClaimError("checkpoint", f"claim {ref}: {exc}") from exc
 
-    def _write(self, ref: ClaimRef, checkpoint: Checkpoint, *, durable: bool = True) -> None:
-        try:
-            self.checkpoints.write(checkpoint, durable=durable)
-        except CheckpointError as exc:
-            raise ClaimError("checkpoint", f"claim {ref}: {exc}") from exc
-        self._update_gauges(checkpoint)
-
     def _update_gauges(self, checkpoint: Checkpoint) -> None:
         self.metrics.prepared_claims.set(len(checkpoint.claims))
         self.metrics.prepared_devices.set(sum(len(e.devices) for e in checkpoint.claims.values()))
@@ -454,16 +456,10 @@ class PrepareService:
                     for a, config in zip(allocations, configs, strict=True)
                 ),
             )
-            # The check and the reservation in one update of the file.
-            # Not fsynced, nor the group records below: only the completed record is. They exist to undo a
-            # prepare that a crash of this process interrupted, and the page cache outlives the process. What
-            # outlives them only on disk, a power loss, reboots the node, which ends everything they describe
-            # (MIG instances, MPS daemons, compute modes, time slices); the kubelet then prepares again. One
-            # durable write per prepare instead of three.
+            # The check and the reservation in one update of the file (not fsynced: see _commit).
             self._commit(
                 ref,
                 entry,
-                durable=False,
                 check=lambda checkpoint: self._refuse_double_use(ref, checkpoint, allocations, configs),
             )
             self.faults.reached("prepare-started")
@@ -627,7 +623,7 @@ class PrepareService:
                     cdi_edits=edits_to_json(result.edits),
                 ),
             )
-            self._commit(ref, progress.entry, durable=False)  # why not durable: at PrepareStarted
+            self._commit(ref, progress.entry)
             self.faults.reached(f"prepare-group-{group_index}")
 
         edits_by_name: dict[str, CdiEdits] = {}

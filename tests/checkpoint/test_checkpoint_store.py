@@ -394,3 +394,62 @@ def test_a_check_sees_the_updates_before_it_and_refuses_only_its_own(tmp_path: P
     second.join(10)
     assert outcomes == {"first": "written", "second": "gpu-0 is held by ['first']"}
     assert sorted(json.loads(store.path.read_text())["claims"]) == ["first"]
+
+
+def test_queued_updates_wait_for_the_write_not_for_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight prepares' updates queue while the lock is held: when it is free one of them (the leader) takes
+    it and writes all eight; the other seven return without taking the lock in turn."""
+    store = CheckpointStore(tmp_path, boot_id="b")
+    taken: list[int] = []
+    real_take = store._take_file_lock
+
+    def counted_take() -> int:
+        taken.append(threading.get_ident())
+        return real_take()
+
+    monkeypatch.setattr(store, "_take_file_lock", counted_take)
+    threads = [
+        threading.Thread(target=store.update_claim, args=(f"uid-{n}", entry(f"uid-{n}"))) for n in range(8)
+    ]
+    with store.locked():
+        for thread in threads:
+            thread.start()
+        _wait_until(lambda: len(store._pending) == 8)
+    for thread in threads:
+        thread.join(10)
+    assert len(taken) == 2  # the holder, then one leader for all eight
+    assert sorted(json.loads(store.path.read_text())["claims"]) == [f"uid-{n}" for n in range(8)]
+
+
+def test_an_update_inside_the_callers_own_locked_section_is_written_at_once(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, boot_id="b")
+    with store.locked():
+        written = store.update_claim("uid-1", entry("uid-1"))
+        assert sorted(written.claims) == ["uid-1"]
+        assert sorted(store.read().claims) == ["uid-1"]
+
+
+def test_followers_that_time_out_behind_a_stuck_leader_are_never_written(tmp_path: Path) -> None:
+    """The lock is held past the queue timeout: the leader and the callers queued behind it all fail, and a
+    later write carries none of their changes in."""
+    store = CheckpointStore(tmp_path, boot_id="b", queue_timeout_s=0.3)
+    errors: list[str] = []
+
+    def update(uid: str) -> None:
+        try:
+            store.update_claim(uid, entry(uid))
+        except CheckpointLockError as exc:
+            errors.append(uid)
+            assert "waited 0.3s" in str(exc)
+
+    threads = [threading.Thread(target=update, args=(f"late-{n}",)) for n in range(3)]
+    with store.locked():
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+    assert sorted(errors) == ["late-0", "late-1", "late-2"] and store._pending == []
+    store.update_claim("next", entry("next"))
+    assert sorted(json.loads(store.path.read_text())["claims"]) == ["next"]
