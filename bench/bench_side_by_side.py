@@ -4,8 +4,9 @@ one after the other against the same real kube-apiserver in the same run, both t
 with the same Python gRPC client.
 
 Rows: NodePrepareResources p50/p99 (one device, 200 in sequence); 64 whole-GPU claims in 8 waves of 8
-concurrent prepares (claims/s, p99); 64 concurrent shared-GPU claims (claims/s); VmRSS idle and after the
-bursts; process start -> registration socket answering (median of 4 starts).
+concurrent prepares (claims/s of the median of 5 rounds, p99 over all); 64 concurrent shared-GPU claims
+(claims/s); VmRSS idle and after the bursts; process start -> registration socket answering (median of 4
+starts).
 
 What "shared" means differs by driver, and the table says so: for dra-gpu a consumable share of `gpu-N-shared`
 (4Gi, 10 % compute), which starts and limits an MPS daemon per share; for the Go driver the same consumed
@@ -42,6 +43,7 @@ GOALS = "prepare p99 <= 1.0x Go; waves >= 0.8x Go; shared >= 50 claims/s; RSS <=
 GO_DRIVER = "gpu.example.com"
 SHARE = {"memory": "4Gi", "compute": "10"}  # what each shared claim consumes, on both drivers
 POLL_S = 0.001  # the registration socket is polled every millisecond, for both plugins alike
+WAVE_ROUNDS = 5  # rounds of 8 waves of 8; claims/s of the median round, p99 over all of them
 
 
 def _rss_mb(pid: int) -> float:
@@ -252,15 +254,21 @@ def _measure(subject: _Subject, api_client: Any, node_name: str) -> dict[str, fl
         latencies.append(_timed(lambda c=c: prepare(c)))  # type: ignore[misc]
         unprepare(c)
 
-    waves = [[claim(subject.whole(g)) for g in range(8)] for _ in range(8)]
+    # 64 claims take ~0.2 s: one round is at the mercy of whatever else the 2-core machine does in that
+    # moment, so the round runs WAVE_ROUNDS times and the median round is reported.
     wave_latencies: list[float] = []
-    waves_s = 0.0
+    rounds_s: list[float] = []
     with ThreadPoolExecutor(max_workers=8) as pool:
-        for wave in waves:
-            started = time.perf_counter()
-            wave_latencies += pool.map(lambda c: _timed(lambda: prepare(c)), wave)
-            waves_s += time.perf_counter() - started
-            list(pool.map(unprepare, wave))
+        for _ in range(WAVE_ROUNDS):
+            waves = [[claim(subject.whole(g)) for g in range(8)] for _ in range(8)]
+            waves_s = 0.0
+            for wave in waves:
+                started = time.perf_counter()
+                wave_latencies += pool.map(lambda c: _timed(lambda: prepare(c)), wave)
+                waves_s += time.perf_counter() - started
+                list(pool.map(unprepare, wave))
+            rounds_s.append(waves_s)
+    waves_s = statistics.median(rounds_s)
 
     shared = [claim(subject.shared(g)) for g in range(8) for _ in range(8)]
     with ThreadPoolExecutor(max_workers=64) as pool:
