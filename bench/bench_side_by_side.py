@@ -1,12 +1,14 @@
 """Issue 16's side-by-side table: dra-gpu's kubelet plugin (simulated DGX H100) and the Go example
 driver's (sigs.k8s.io/dra-example-driver, built from its pinned Go module by `build.sh dra-example-driver`),
-one after the other against the same real kube-apiserver in the same run, both through their real DRA sockets
-with the same Python gRPC client.
+both running against the same real kube-apiserver in the same run, both through their real DRA sockets with
+the same Python gRPC client. They take turns round by round, the order flipped every other round, so that
+both see the same machine: on a shared 2-core VM its speed drifts by tens of percent from minute to minute,
+and measuring one plugin after the other moved the ratios more than any change did.
 
-Rows: NodePrepareResources p50/p99 (one device, 200 in sequence); 64 whole-GPU claims in 8 waves of 8
-concurrent prepares (claims/s of the median of 5 rounds, p99 over all); 64 concurrent shared-GPU claims
-(claims/s); VmRSS idle and after the bursts; process start -> registration socket answering (median of 4
-starts).
+Rows: NodePrepareResources p50/p99 (one device, 200 in sequence, in 10 rounds of 20); 64 whole-GPU claims in
+8 waves of 8 concurrent prepares (claims/s of the median of 6 rounds, p99 over all); 64 concurrent
+shared-GPU claims (claims/s of the median of 3 bursts); VmRSS idle and after the bursts; process start ->
+registration socket answering (median of 4 starts, taking turns too).
 
 What "shared" means differs by driver, and the table says so: for dra-gpu a consumable share of `gpu-N-shared`
 (4Gi, 10 % compute), which starts and limits an MPS daemon per share; for the Go driver the same consumed
@@ -43,7 +45,9 @@ GOALS = "prepare p99 <= 1.0x Go; waves >= 0.8x Go; shared >= 50 claims/s; RSS <=
 GO_DRIVER = "gpu.example.com"
 SHARE = {"memory": "4Gi", "compute": "10"}  # what each shared claim consumes, on both drivers
 POLL_S = 0.001  # the registration socket is polled every millisecond, for both plugins alike
-WAVE_ROUNDS = 5  # rounds of 8 waves of 8; claims/s of the median round, p99 over all of them
+SEQUENCE_ROUNDS = 10  # the 200 one-at-a-time prepares in rounds of 20, the two plugins taking turns
+WAVE_ROUNDS = 6  # rounds of 8 waves of 8 per plugin; claims/s of the median round, p99 over all of them
+SHARED_ROUNDS = 3  # bursts of 64 shared claims per plugin; claims/s of the median burst
 
 
 def _rss_mb(pid: int) -> float:
@@ -220,72 +224,110 @@ class _GoExample:
         return Result("gpu", f"gpu-{gpu}", share_id=str(uuid.uuid4()), consumed=SHARE)
 
 
-def _measure(subject: _Subject, api_client: Any, node_name: str) -> dict[str, float]:
-    starts = []
-    for _ in range(3):
-        starts.append(subject.start())
-        subject.stop()
-    starts.append(subject.start())
-    time.sleep(2.0)  # slices published, start-up garbage collected
-    rss_idle = _rss_mb(subject.pid())
-    factory = ClaimFactory(api_client, node_name, driver=subject.driver)
-    kubelet = KubeletClient(subject.registration_socket)
+class _Driving:
+    """One running plugin's claims and calls through its DRA socket."""
 
-    def claim(result: Result) -> ClaimId:
-        name, uid = factory.make("bench", [result])
+    def __init__(self, subject: _Subject, api_client: Any, node_name: str) -> None:
+        self.subject = subject
+        self.factory = ClaimFactory(api_client, node_name, driver=subject.driver)
+        self.kubelet = KubeletClient(subject.registration_socket)
+
+    def claim(self, result: Result) -> ClaimId:
+        name, uid = self.factory.make("bench", [result])
         return ClaimId("bench", uid, name)
 
-    def prepare(c: ClaimId) -> None:
-        error = kubelet.prepare([c]).claims[c.uid].error
+    def prepare(self, c: ClaimId) -> None:
+        error = self.kubelet.prepare([c]).claims[c.uid].error
         if error:
             raise RuntimeError(error)
 
-    def unprepare(c: ClaimId) -> None:
-        error = kubelet.unprepare([c]).claims[c.uid].error
+    def unprepare(self, c: ClaimId) -> None:
+        error = self.kubelet.unprepare([c]).claims[c.uid].error
         if error:
             raise RuntimeError(error)
 
-    sequence = [claim(subject.whole(0)) for _ in range(205)]
-    for warm in sequence[:5]:
-        prepare(warm)
-        unprepare(warm)
-    latencies = []
-    for c in sequence[5:]:
-        latencies.append(_timed(lambda c=c: prepare(c)))  # type: ignore[misc]
-        unprepare(c)
+    def sequence(self, count: int) -> list[float]:
+        """`count` claims of one GPU prepared one at a time (each unprepared before the next): latencies."""
+        claims = [self.claim(self.subject.whole(0)) for _ in range(count)]
+        latencies = []
+        for c in claims:
+            latencies.append(_timed(lambda c=c: self.prepare(c)))  # type: ignore[misc]
+            self.unprepare(c)
+        return latencies
 
-    # 64 claims take ~0.2 s: one round is at the mercy of whatever else the 2-core machine does in that
-    # moment, so the round runs WAVE_ROUNDS times and the median round is reported.
-    wave_latencies: list[float] = []
-    rounds_s: list[float] = []
+    def waves(self, pool: ThreadPoolExecutor) -> tuple[float, list[float]]:
+        """8 waves of 8 concurrent whole-GPU prepares (one per GPU): seconds spent preparing, latencies."""
+        waves = [[self.claim(self.subject.whole(g)) for g in range(8)] for _ in range(8)]
+        spent = 0.0
+        latencies: list[float] = []
+        for wave in waves:
+            started = time.perf_counter()
+            latencies += pool.map(lambda c: _timed(lambda: self.prepare(c)), wave)
+            spent += time.perf_counter() - started
+            list(pool.map(self.unprepare, wave))
+        return spent, latencies
+
+    def shared_burst(self) -> float:
+        """64 shared claims, 8 per GPU, prepared at once: seconds until all are prepared."""
+        shared = [self.claim(self.subject.shared(g)) for g in range(8) for _ in range(8)]
+        with ThreadPoolExecutor(max_workers=64) as pool:
+            spent = _timed(lambda: list(pool.map(self.prepare, shared)))
+            list(pool.map(self.unprepare, shared))
+        return spent
+
+
+def _alternating(subjects: list[_Subject], rounds: int) -> list[_Subject]:
+    """Each subject once per round, the order reversed every other round: both get the same share of
+    whatever the machine does meanwhile (its speed drifts by tens of percent from minute to minute)."""
+    out: list[_Subject] = []
+    for r in range(rounds):
+        out += subjects if r % 2 == 0 else subjects[::-1]
+    return out
+
+
+def _measure(subjects: list[_Subject], api_client: Any, node_names: list[str]) -> list[dict[str, float]]:
+    """Every row for every subject, the subjects taking turns round by round (both plugins run meanwhile)."""
+    starts: dict[int, list[float]] = {id(s): [] for s in subjects}
+    for subject in _alternating(subjects, 3):
+        starts[id(subject)].append(subject.start())
+        subject.stop()
+    for subject in subjects:
+        starts[id(subject)].append(subject.start())
+    time.sleep(2.0)  # slices published, start-up garbage collected
+    rss_idle = {id(s): _rss_mb(s.pid()) for s in subjects}
+    driving = {id(s): _Driving(s, api_client, n) for s, n in zip(subjects, node_names, strict=True)}
+    for d in driving.values():
+        d.sequence(5)  # warm-up
+    latencies: dict[int, list[float]] = {id(s): [] for s in subjects}
+    for subject in _alternating(subjects, SEQUENCE_ROUNDS):
+        latencies[id(subject)] += driving[id(subject)].sequence(200 // SEQUENCE_ROUNDS)
+    # 64 claims take ~0.2 s: one round is at the mercy of the machine in that moment, so the round runs
+    # WAVE_ROUNDS times and the median round is reported (p99 over all of them).
+    rounds_s: dict[int, list[float]] = {id(s): [] for s in subjects}
+    wave_latencies: dict[int, list[float]] = {id(s): [] for s in subjects}
     with ThreadPoolExecutor(max_workers=8) as pool:
-        for _ in range(WAVE_ROUNDS):
-            waves = [[claim(subject.whole(g)) for g in range(8)] for _ in range(8)]
-            waves_s = 0.0
-            for wave in waves:
-                started = time.perf_counter()
-                wave_latencies += pool.map(lambda c: _timed(lambda: prepare(c)), wave)
-                waves_s += time.perf_counter() - started
-                list(pool.map(unprepare, wave))
-            rounds_s.append(waves_s)
-    waves_s = statistics.median(rounds_s)
-
-    shared = [claim(subject.shared(g)) for g in range(8) for _ in range(8)]
-    with ThreadPoolExecutor(max_workers=64) as pool:
-        shared_s = _timed(lambda: list(pool.map(prepare, shared)))
-        list(pool.map(unprepare, shared))
-    kubelet.close()
-    rss_after = _rss_mb(subject.pid())
-    return {
-        "prepare_p50_ms": round(statistics.median(latencies) * 1000, 2),
-        "prepare_p99_ms": round(_percentile(latencies, 99) * 1000, 2),
-        "waves_claims_per_s": round(64 / waves_s, 1),
-        "waves_p99_ms": round(_percentile(wave_latencies, 99) * 1000, 1),
-        "shared_claims_per_s": round(64 / shared_s, 1),
-        "rss_idle_mb": rss_idle,
-        "rss_after_mb": rss_after,
-        "start_to_socket_s": round(statistics.median(starts), 3),
-    }
+        for subject in _alternating(subjects, WAVE_ROUNDS):
+            spent, lat = driving[id(subject)].waves(pool)
+            rounds_s[id(subject)].append(spent)
+            wave_latencies[id(subject)] += lat
+    shared_s: dict[int, list[float]] = {id(s): [] for s in subjects}
+    for subject in _alternating(subjects, SHARED_ROUNDS):
+        shared_s[id(subject)].append(driving[id(subject)].shared_burst())
+    for d in driving.values():
+        d.kubelet.close()
+    return [
+        {
+            "prepare_p50_ms": round(statistics.median(latencies[id(s)]) * 1000, 2),
+            "prepare_p99_ms": round(_percentile(latencies[id(s)], 99) * 1000, 2),
+            "waves_claims_per_s": round(64 / statistics.median(rounds_s[id(s)]), 1),
+            "waves_p99_ms": round(_percentile(wave_latencies[id(s)], 99) * 1000, 1),
+            "shared_claims_per_s": round(64 / statistics.median(shared_s[id(s)]), 1),
+            "rss_idle_mb": rss_idle[id(s)],
+            "rss_after_mb": _rss_mb(s.pid()),
+            "start_to_socket_s": round(statistics.median(starts[id(s)]), 3),
+        }
+        for s in subjects
+    ]
 
 
 def run() -> dict[str, Any]:
@@ -295,9 +337,9 @@ def run() -> dict[str, Any]:
     go_subject: _GoExample | None = None
     try:
         go_subject = _GoExample(str(plane.kubeconfig))  # builds it first if needed
-        ours = _measure(ours_subject, plane.api_client(), ours_subject.node.name)
-        ours_subject.cleanup()
-        go = _measure(go_subject, plane.api_client(), go_subject.node_name)
+        ours, go = _measure(
+            [ours_subject, go_subject], plane.api_client(), [ours_subject.node.name, go_subject.node_name]
+        )
         print(_table(ours, go), flush=True)
         profile = startup_profile()
         print(_profile_table(profile), flush=True)
