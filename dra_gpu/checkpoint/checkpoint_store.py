@@ -333,17 +333,17 @@ class CheckpointStore:
         deadline = time.monotonic() + self._queue_timeout_s
         with self._queue:
             self._pending.append(update)
-            if self._owner == threading.get_ident():
-                leader = True  # inside this thread's own locked(): write now, re-entrantly
-                self._writing = True
-            else:
-                leader = self._wait_as_follower(update, deadline)
-        if leader:
+            # Only this thread sets or clears _owner to its own id, so the comparison is stable here.
+            inside_locked = self._owner == threading.get_ident()
+            leader = not inside_locked and self._wait_as_follower(update, deadline)
+        if inside_locked:
+            self._write_pending()  # this thread holds the lock already: write now (a leader would wait on us)
+        elif leader:
             try:
                 with self.locked():
                     self._write_pending()
             except CheckpointLockError:
-                with self._pending_lock:
+                with self._queue:
                     if update in self._pending:  # nobody took it: it is not written, ever
                         self._pending.remove(update)
                         raise

@@ -352,9 +352,8 @@ class PrepareService:
         the node, which ends everything the records describe (MIG instances, MPS daemons, compute modes, time
         slices): the checkpoint of another boot reads as empty, an unreadable one written before the boot is
         discarded, CDI specs no record names are removed at start, and the kubelet prepares its pods' claims
-        again. So the
-        fsyncs (two per write: the file, then its directory; the Go example driver's checkpoint does one)
-        would buy nothing while costing every prepare and unprepare."""
+        again. So the fsyncs (two per write: the file, then its directory; the Go example driver's checkpoint
+        does one) would buy nothing while costing every prepare and unprepare."""
         try:
             checkpoint = self.checkpoints.update_claim(ref.uid, entry, durable=False, check=check)
         except CheckpointError as exc:

@@ -270,6 +270,20 @@ def _wait_until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
     assert condition(), "timed out"
 
 
+def _queued_behind_the_lock(
+    store: CheckpointStore, threads: list[threading.Thread], while_held: Callable[[], None] = lambda: None
+) -> None:
+    """Start `threads` (one update_claim each) while this thread holds the lock, wait until every update is
+    queued, call `while_held`, then release the lock and wait for the threads."""
+    with store.locked():
+        for thread in threads:
+            thread.start()
+        _wait_until(lambda: len(store._pending) == len(threads))
+        while_held()
+    for thread in threads:
+        thread.join(10)
+
+
 def test_updates_queued_behind_the_lock_are_written_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -292,14 +306,13 @@ def test_updates_queued_behind_the_lock_are_written_together(
     def update(uid: str, new: ClaimEntry | None) -> None:
         returned[uid] = store.update_claim(uid, new, durable=uid == "uid-3")
 
-    threads = [threading.Thread(target=update, args=pair) for pair in updates]
-    with store.locked():  # another call holds the lock while all eight queue up
-        for thread in threads:
-            thread.start()
-        _wait_until(lambda: len(store._pending) == len(updates))
+    def nothing_returned_yet() -> None:
         assert returned == {}
-    for thread in threads:
-        thread.join(10)
+
+    # another call holds the lock while all eight queue up
+    _queued_behind_the_lock(
+        store, [threading.Thread(target=update, args=pair) for pair in updates], nothing_returned_yet
+    )
     assert writes == [True]
     on_disk = json.loads(store.path.read_text())["claims"]
     assert sorted(on_disk) == [f"uid-{n}" for n in range(7)]
@@ -326,13 +339,7 @@ def test_a_failed_group_write_fails_every_update_in_it(
         except CheckpointWriteError as exc:
             errors.append(str(exc))
 
-    threads = [threading.Thread(target=update, args=(f"uid-{n}",)) for n in range(3)]
-    with store.locked():
-        for thread in threads:
-            thread.start()
-        _wait_until(lambda: len(store._pending) == 3)
-    for thread in threads:
-        thread.join(10)
+    _queued_behind_the_lock(store, [threading.Thread(target=update, args=(f"uid-{n}",)) for n in range(3)])
     assert errors == [f"writing {store.path}: disk full"] * 3
     assert store.path.read_bytes() == before
 
@@ -410,15 +417,10 @@ def test_queued_updates_wait_for_the_write_not_for_the_lock(
         return real_take()
 
     monkeypatch.setattr(store, "_take_file_lock", counted_take)
-    threads = [
-        threading.Thread(target=store.update_claim, args=(f"uid-{n}", entry(f"uid-{n}"))) for n in range(8)
-    ]
-    with store.locked():
-        for thread in threads:
-            thread.start()
-        _wait_until(lambda: len(store._pending) == 8)
-    for thread in threads:
-        thread.join(10)
+    _queued_behind_the_lock(
+        store,
+        [threading.Thread(target=store.update_claim, args=(f"uid-{n}", entry(f"uid-{n}"))) for n in range(8)],
+    )
     assert len(taken) == 2  # the holder, then one leader for all eight
     assert sorted(json.loads(store.path.read_text())["claims"]) == [f"uid-{n}" for n in range(8)]
 
