@@ -11,6 +11,9 @@ BUILTIN_CLASS_TYPES = {
     "mig.nvidia.com": "mig",
     "gpu-share.nvidia.com": "gpu-share",
 }
+# The chart's default `deviceClasses.gpu.extendedResourceName` (as NVIDIA's chart): pods asking for
+# `nvidia.com/gpu` get whole GPUs through DRA where the device plugin is not installed.
+BUILTIN_EXTENDED_RESOURCE_NAMES = {"gpu.nvidia.com": "nvidia.com/gpu"}
 
 
 def builtin_device_classes() -> list[dict[str, Any]]:
@@ -27,7 +30,12 @@ def builtin_device_classes() -> list[dict[str, Any]]:
                             f"device.attributes['{DRIVER}'].type == '{device_type}'"
                         }
                     }
-                ]
+                ],
+                **(
+                    {"extendedResourceName": BUILTIN_EXTENDED_RESOURCE_NAMES[name]}
+                    if name in BUILTIN_EXTENDED_RESOURCE_NAMES
+                    else {}
+                ),
             },
         }
         for name, device_type in BUILTIN_CLASS_TYPES.items()

@@ -29,6 +29,7 @@ class DeviceClassSpec:
     selectors: list[CompiledExpression]
     configs: list[Mapping[str, Any]]
     builtin: bool = False
+    extended_resource_name: str | None = None  # spec.extendedResourceName (DRAExtendedResource)
 
 
 def compile_selectors(selectors: Any, where: str) -> list[CompiledExpression]:
@@ -57,6 +58,7 @@ def parse_device_class(obj: Mapping[str, Any], builtin: bool = False) -> DeviceC
         compile_selectors(spec.get("selectors"), f"DeviceClass {name}: spec"),
         [c for c in spec.get("config") or () if isinstance(c, Mapping)],
         builtin,
+        str(spec["extendedResourceName"]) if spec.get("extendedResourceName") else None,
     )
 
 

@@ -28,6 +28,7 @@ from dra_gpu.allocator.explain import (
     isolation_notes,
     reason_groups,
 )
+from dra_gpu.allocator.extended_resources import extended_resource_claim
 from dra_gpu.allocator.model import ClaimSpec, InputError, Rejection
 from dra_gpu.allocator.pools import Node, SliceIndex
 from dra_gpu.allocator.replicate import replicate_slices
@@ -141,10 +142,11 @@ def _run(args: argparse.Namespace) -> int:
     documents = load_documents(args.filename)
     inventory = _load_inventory(args)
     classes, assumed = _device_classes(documents, inventory)
-    groups, notes = _claim_groups(documents, inventory)
+    groups, notes = _claim_groups(documents, inventory, classes)
     if not groups:
         raise UsageError(
-            "no ResourceClaim, ResourceClaimTemplate or Pod with resourceClaims found in the -f input"
+            "no ResourceClaim, ResourceClaimTemplate, Pod with resourceClaims or Pod with an extended "
+            "resource of a DeviceClass found in the -f input"
         )
     index = SliceIndex(inventory.slices)
     # Node objects give labels (for nodeSelector slices); slices may name nodes that have no Node object.
@@ -323,9 +325,10 @@ def _device_classes(
 
 
 def _claim_groups(
-    documents: Sequence[Document], inventory: Inventory
+    documents: Sequence[Document], inventory: Inventory, classes: Mapping[str, DeviceClassSpec]
 ) -> tuple[list[list[ClaimSpec]], list[str]]:
     notes: list[str] = []
+    extended_names = {c.extended_resource_name: c.name for c in classes.values() if c.extended_resource_name}
     claims: dict[tuple[str, str], tuple[Document | None, Mapping[str, Any]]] = {}
     templates: dict[tuple[str, str], tuple[Document | None, Mapping[str, Any]]] = {}
     pods: list[Document] = []
@@ -387,6 +390,14 @@ def _claim_groups(
                     f"{document.where}: Pod {namespace}/{pod_name} resourceClaims "
                     f"{entry.get('name')!r}: needs resourceClaimName or resourceClaimTemplateName"
                 )
+        try:
+            extended = extended_resource_claim(pod, extended_names, frozenset(classes))
+        except InputError as error:
+            raise InputError(f"{document.where}: {error}") from None
+        if extended is not None:
+            claim = _parse_claim((document, extended))
+            claim.source = f"extended resources of pod {pod_name} (made by kube-scheduler)"
+            group.append(claim)
         if group:
             groups.append(group)
     for (namespace, name), found in claims.items():

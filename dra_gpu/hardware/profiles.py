@@ -214,6 +214,27 @@ H200_141GB = GpuProfile(
     ),
 )
 
+# The Hopper GPU of a GH200 Grace Hopper superchip, 96GB HBM3 variant. NVML's name as DCGM and CUDA report it
+# (nvidia-smi's table prints "NVIDIA GH200 480GB" for the superchip on some drivers); 97871 MiB total as
+# nvidia-smi prints it; PCI device 0x2342. MIG names and sizes from `nvidia-smi mig -lgip` on a GH200 (11.00,
+# 23.00, 23.00, 46.50 and 93.00 GiB; SM, CE and engine counts as the H100 SXM's, which `_hopper_profiles`
+# already has).
+GH200_96GB = GpuProfile(
+    key="gh200-96gb",
+    product_name="NVIDIA GH200 96GB HBM3",
+    brand=BRAND_NVIDIA,
+    architecture=ARCH_HOPPER,
+    cuda_compute_capability=(9, 0),
+    memory_mib=97871,
+    multiprocessors=132,
+    pci_device_id=0x234210DE,
+    nvlinks=18,
+    mig_profiles=_hopper_profiles(
+        ("1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"),
+        (11.0, 23.0, 23.0, 46.5, 93.0),
+    ),
+)
+
 L40S = GpuProfile(
     key="l40s",
     product_name="NVIDIA L40S",
@@ -251,7 +272,7 @@ P4 = GpuProfile(
 )
 
 GPU_PROFILES: dict[str, GpuProfile] = {
-    p.key: p for p in (A100_40GB, A100_80GB, H100_80GB, H200_141GB, L40S, T4, P4)
+    p.key: p for p in (A100_40GB, A100_80GB, H100_80GB, H200_141GB, GH200_96GB, L40S, T4, P4)
 }
 
 
@@ -265,6 +286,7 @@ class GpuSlot:
     numa_node: int | None
     interconnect: str | None  # "nvswitch-0"; None for PCIe-only
     pci_device: int = 0  # the device number of "0000:<bus>:<device>.0"
+    pci_domain: int = 0  # the domain of "<domain>:<bus>:<device>.0"; non-zero on Grace systems (GH200: 0009)
 
 
 @dataclass(frozen=True)
@@ -310,6 +332,16 @@ NODE_LAYOUTS: dict[str, NodeLayout] = {
             "DGX H100: 8x H100 80GB HBM3 on NVSwitch, two NUMA nodes, HMM (open kernel modules)",
             _dgx(H100_80GB),
             addressing_mode=1,
+        ),
+        NodeLayout(
+            "dual-gh200",
+            "2x GH200 96GB Grace Hopper superchips, one NUMA node each, ATS (coherent NVLink-C2C)",
+            # Each superchip's GPU sits alone in its own PCI domain (0009 and 0019), as on real GH200 systems
+            (
+                GpuSlot(GH200_96GB, 0x01, "pci0009:00", 0, None, pci_domain=0x0009),
+                GpuSlot(GH200_96GB, 0x01, "pci0019:00", 1, None, pci_domain=0x0019),
+            ),
+            addressing_mode=2,
         ),
         NodeLayout(
             "pcie-4x-l40s",
@@ -378,7 +410,23 @@ class SimulatedGpu:
     @property
     def pci_bus_id(self) -> str:
         """NVML's busId format: 8-digit domain, upper-case hex ("00000000:07:00.0")."""
-        return f"00000000:{self.slot.pci_bus:02X}:{self.slot.pci_device:02X}.0"
+        return f"{self.slot.pci_domain:08X}:{self.slot.pci_bus:02X}:{self.slot.pci_device:02X}.0"
+
+    @property
+    def sysfs_bus_id(self) -> str:
+        """The same address as sysfs names it: 4-digit domain, lower case ("0000:07:00.0")."""
+        return canonical_bus_id(self.pci_bus_id)
+
+
+def canonical_bus_id(text: str) -> str:
+    """Any spelling of a PCI address ("00000009:01:00.0", "0009:01:00.0", "01:00.0") -> "0009:01:00.0".
+    A missing domain means domain 0, as NVML and nvidia-smi read one."""
+    parts = text.strip().lower().split(":")
+    try:
+        domain = int(parts[0], 16) if len(parts) == 3 else 0
+    except ValueError:
+        return text.strip().lower()  # not an address: equal to none
+    return f"{domain:04x}:{parts[-2]:0>2}:{parts[-1]}"
 
 
 def gpu_uuid(seed: str, index: int) -> str:
@@ -395,7 +443,7 @@ def mig_uuid(parent_uuid: str, gi_id: int, ci_id: int, serial: int) -> str:
 
 def simulated_gpus(layout: NodeLayout, seed: str) -> tuple[SimulatedGpu, ...]:
     """NVML enumerates GPUs in PCI order; minor numbers follow the same order on these systems."""
-    ordered = sorted(layout.slots, key=lambda s: (s.pcie_root, s.pci_bus, s.pci_device))
+    ordered = sorted(layout.slots, key=lambda s: (s.pci_domain, s.pcie_root, s.pci_bus, s.pci_device))
     return tuple(SimulatedGpu(i, i, gpu_uuid(seed, i), slot) for i, slot in enumerate(ordered))
 
 

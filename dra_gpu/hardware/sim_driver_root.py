@@ -146,7 +146,7 @@ def _write_libraries(root: Path, driver_version: str) -> None:
 
 def _write_sysfs(root: Path, gpus: tuple[profiles.SimulatedGpu, ...]) -> None:
     for gpu in gpus:
-        bus_id = "0000:" + gpu.pci_bus_id.lower().split(":", 1)[1]
+        bus_id = gpu.sysfs_bus_id
         device_dir = root / "sys" / "devices" / gpu.slot.pcie_root / bus_id
         device_dir.mkdir(parents=True, exist_ok=True)
         _write_if_changed(

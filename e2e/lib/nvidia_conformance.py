@@ -118,7 +118,7 @@ def render_table(entries: Iterable[CatalogEntry], hardware: Mapping[str, str]) -
         elif e.status == "run":
             ours = (
                 f"the same; `make e2e` asserts it from inside the pods, with the host plugin switched to a "
-                f"simulated {node} set up as NVIDIA's README says (its expect.yaml); skipped on kind"
+                f"simulated {node} set up as NVIDIA's instructions say (its expect.yaml); skipped on kind"
             )
         elif e.status == "xfail":
             ours = f"expected failure for now: {e.reason}"

@@ -3,10 +3,10 @@ hardware layout, prepared out of band as an admin would (`nvidia-smi` steps: MIG
 then the node's own plugin again.
 
 NVIDIA's quickstart gpu-test4 is written for A100s with MIG mode on and a mig-parted layout applied (its
-README); the suite's node is a DGX H100. One node, one plugin: the plugin is restarted on the other root, the
-pool is published anew (the scheduler sees the other hardware), and afterwards the original plugin (its
-recorded command line) publishes the node's own devices again. Host mode only: a DaemonSet's pods cannot
-switch hardware.
+README), extended-resources/mig-1g-12gb for two GH200s with seven 1g.12gb each; the suite's node is a DGX
+H100. One node, one plugin: the plugin is restarted on the other root, the pool is published anew (the
+scheduler sees the other hardware), and afterwards the original plugin (its recorded command line) publishes
+the node's own devices again. Host mode only: a DaemonSet's pods cannot switch hardware.
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ from e2e.lib.waiting import wait_until
 
 
 def published_products(driver: HostDriver) -> set[str]:
-    """productName of every whole GPU in the newest complete generation of the node's pool."""
+    """productName of every GPU and MIG device in the newest complete generation of the node's pool (a GPU
+    whose MIG devices were made out of band is published through those alone: its whole-GPU device is
+    withheld)."""
     slices = driver.wait_slices()
     return {
         str(((d.get("attributes") or {}).get("productName") or {}).get("string"))
         for s in slices
         for d in s["spec"].get("devices") or []
-        if ((d.get("attributes") or {}).get("type") or {}).get("string") == "gpu"
+        if ((d.get("attributes") or {}).get("type") or {}).get("string") in ("gpu", "mig")
     }
 
 

@@ -192,9 +192,12 @@ def test_make_e2e_hardware_is_the_suite_default() -> None:
     ids=lambda e: e.name,
 )
 def test_out_of_band_setup_makes_the_example_allocatable(entry: CatalogEntry, tmp_path: Path) -> None:
-    """An example's `nvidiaSmi` steps (NVIDIA's README: gpu-test4 wants mig-parted's half-balanced layout)
-    run on a fresh simulated node of its hardware, which then publishes devices its claims allocate from:
-    `dra-gpu explain` over that node's slices, as kube-scheduler would (the e2e test runs it for real)."""
+    """An example's `nvidiaSmi` steps (what NVIDIA's instructions do out of band: gpu-test4 wants mig-parted's
+    half-balanced layout, extended-resources-mig-1g-12gb seven 1g.12gb per GH200) run on a fresh simulated
+    node of its hardware, whose existing MIG devices its claims then allocate: `dra-gpu explain` over that
+    node's slices, as kube-scheduler would (the e2e test runs it for real). The slices leave out the MIG
+    placements dra-gpu could create on demand (`--no-dynamic-mig`): on Hopper those alone would serve the
+    example without any setup, and this is about the devices the setup made."""
     from e2e.lib.other_hardware import run_nvidia_smi
 
     exp = load_expectation(entry.folder / "expect.yaml")
@@ -206,13 +209,16 @@ def test_out_of_band_setup_makes_the_example_allocatable(entry: CatalogEntry, tm
             [sys.executable, "-m", "dra_gpu.cli.main", *args], capture_output=True, text=True, timeout=300
         )
 
+    def explain_on_node(label: str) -> subprocess.CompletedProcess[str]:
+        node = ("--hardware", exp.hardware, "--driver-root", str(root), "--node", "n1", "--no-dynamic-mig")
+        published = cli("slices", *node, "-o", "json")
+        assert published.returncode == 0, published.stderr
+        (tmp_path / f"{label}.json").write_text(published.stdout)
+        return cli("explain", "--slices", str(tmp_path / f"{label}.json"), *files)
+
     assert cli("hardware", "init-sim", "--hardware", exp.hardware, "--driver-root", str(root)).returncode == 0
-    before = cli("explain", "--hardware", exp.hardware, *files)
+    before = explain_on_node("before")
     assert before.returncode == 1, f"allocatable without the setup, so this tests nothing:\n{before.stdout}"
     run_nvidia_smi(root, exp.nvidiaSmi)
-    node = ("--hardware", exp.hardware, "--driver-root", str(root), "--node", "n1")
-    published = cli("slices", *node, "-o", "json")
-    assert published.returncode == 0, published.stderr
-    (tmp_path / "slices.json").write_text(published.stdout)
-    after = cli("explain", "--slices", str(tmp_path / "slices.json"), *files)
+    after = explain_on_node("after")
     assert after.returncode == 0, after.stdout + after.stderr

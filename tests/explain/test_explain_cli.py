@@ -270,3 +270,46 @@ def test_reason_groups_ignore_the_nodes_own_device_prefix() -> None:
         ("no combination fits (e.g. <node>/gpu-0-mig-0: counters)", 50),
         ("no combination fits (e.g. <node>/gpu-1: taint)", 1),
     ]
+
+
+EXTENDED = """
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: mig-1g-10gb}
+spec:
+  selectors:
+  - cel:
+      expression: >-
+        device.attributes['gpu.nvidia.com'].type == 'mig' &&
+        device.attributes['gpu.nvidia.com'].profile == '1g.10gb'
+  extendedResourceName: example.com/mig-1g.10gb
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: trainer}
+spec:
+  containers:
+  - name: c
+    image: busybox
+    resources:
+      limits: {cpu: "1", example.com/mig-1g.10gb: 2}
+"""
+
+
+def test_pod_with_dra_backed_extended_resources(tmp_path: Path) -> None:
+    """A pod asking for `example.com/mig-1g.10gb: 2` (no resourceClaims) gets the claim kube-scheduler makes
+    from the DeviceClass with that extendedResourceName; with too many asked, it is not allocatable."""
+    path = tmp_path / "pod.yaml"
+    path.write_text(EXTENDED)
+    done = dra_gpu("explain", "--hardware", "h100-80gb", "-f", str(path), "-o", "json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (claim,) = json.loads(done.stdout)["claims"]
+    assert claim["name"] == "trainer-extended-resources" and claim["allocatable"]
+    (request,) = claim["requests"]
+    assert request["name"] == "container-0-request-1"  # cpu sorts first
+    assert len(request["allocated"]) == 2
+    path.write_text(EXTENDED.replace("example.com/mig-1g.10gb: 2", "example.com/mig-1g.10gb: 8"))
+    assert dra_gpu("explain", "--hardware", "h100-80gb", "-f", str(path)).returncode == 1  # 7 fit one H100
+    path.write_text(EXTENDED.replace("example.com/mig-1g.10gb: 2", "example.com/mig-1g.10gb: 1.5"))
+    bad = dra_gpu("explain", "--hardware", "h100-80gb", "-f", str(path))
+    assert bad.returncode == 2 and "container 'c' resources 'example.com/mig-1g.10gb'" in bad.stderr

@@ -334,3 +334,46 @@ def test_fake_nvidia_smi_applies_a_mig_parted_layout(root: Path) -> None:
     unknown = run("mig", "-i", "0", "-cgi", "2g.99gb")
     assert unknown.returncode == 2 and "no GPU instance profile '2g.99gb'" in unknown.stderr
     assert "14 (2g.10gb)" in unknown.stderr
+
+
+def test_dual_gh200_two_gpus_that_differ_only_by_pci_domain(root: Path) -> None:
+    """A 2x GH200 node: each superchip's GPU is alone at 01:00.0 of its own PCI domain (0009, 0019), so
+    everything that finds a GPU by its address must read the domain; its MIG table is the GH200's (`nvidia-smi
+    mig -lgip` on a GH200 96GB: 1g.12gb at 11.00 GiB, ..., 7g.96gb at 93.00 GiB), and NVIDIA's
+    extended-resources/mig-1g-12gb setup (seven 1g.12gb per GPU) fills each GPU exactly."""
+    hw = open_hardware("dual-gh200", str(root))
+    gpus = hw.discover().gpus
+    assert [(g.pci_bus_id, g.pcie_root, g.numa_node) for g in gpus] == [
+        ("0009:01:00.0", "pci0009:00", 0),
+        ("0019:01:00.0", "pci0019:00", 1),
+    ]
+    assert [g.addressing_mode for g in gpus] == ["ATS", "ATS"]
+    assert gpus[0].product_name == "NVIDIA GH200 96GB HBM3" and gpus[0].memory_bytes == 97871 * 2**20
+    sizes = {p.name: p.memory_mib for p in gpus[0].mig_profiles}
+    assert sizes == {
+        "1g.12gb": 11264,
+        "1g.12gb+me": 11264,
+        "1g.24gb": 23552,
+        "2g.24gb": 23552,
+        "3g.48gb": 47616,
+        "4g.48gb": 47616,
+        "7g.96gb": 95232,
+    }
+    smi = str(root / "usr/bin/nvidia-smi")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([smi, *args], capture_output=True, text=True, timeout=60)
+
+    # `-i` by PCI address picks the GPU of that domain, not the first one at 01:00.0
+    only_second = run("-i", "00000019:01:00.0", "-mig", "1")
+    assert only_second.returncode == 0, only_second.stderr
+    assert "GPU 00000019:01:00.0" in only_second.stdout and "00000009" not in only_second.stdout
+    assert [g.mig_enabled for g in hw.discover().gpus] == [False, True]  # Hopper: no reset needed
+    assert run("-i", "0", "-mig", "1").returncode == 0
+    made = run("mig", "-i", "0,1", "-cgi", ",".join(["1g.12gb"] * 7), "-C")
+    assert made.returncode == 0, made.stderr
+    for gpu in hw.discover().gpus:
+        devices = hw.list_mig_devices(gpu.uuid)
+        assert sorted(d.placement.start for d in devices) == list(range(7))
+        assert {d.profile for d in devices} == {"1g.12gb"}
+    assert run("mig", "-i", "0", "-cgi", "19").returncode != 0  # the GPU is full

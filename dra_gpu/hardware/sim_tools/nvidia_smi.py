@@ -89,7 +89,7 @@ class Smi:
                 g
                 for g in self.gpus
                 if item in (str(g.index), g.uuid)
-                or (item.lower().endswith(g.pci_bus_id.lower()[-7:]) and ":" in item)
+                or (":" in item and profiles.canonical_bus_id(item) == g.sysfs_bus_id)
             ]
             if not match:
                 raise UsageError(f"No devices were found matching {item!r}")

@@ -91,11 +91,6 @@ def _fail(code: int) -> NoReturn:
     raise pynvml.NVMLError(code)
 
 
-def _bus_without_domain(bus_id: str) -> str:
-    """ "0000:07:00.0" and "00000000:07:00.0" name the same device: compare "07:00.0", case-insensitively."""
-    return bus_id.lower().rsplit(":", 2)[-2] + ":" + bus_id.lower().rsplit(":", 1)[-1]
-
-
 def _set_out(ref: Any, value: int) -> None:
     """Write an integer through whatever pynvml callers pass as an out-count: byref(c_uint), pointer, or
     c_uint."""
@@ -261,9 +256,10 @@ class SimulatedNvml:
         _fail(pynvml.NVML_ERROR_NOT_FOUND)
 
     def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes) -> Any:
-        wanted = _bus_without_domain(bus_id.decode() if isinstance(bus_id, bytes) else bus_id)
+        # "0000:07:00.0", "00000000:07:00.0" and "07:00.0" name one device; two GH200s differ only by domain
+        wanted = profiles.canonical_bus_id(bus_id.decode() if isinstance(bus_id, bytes) else bus_id)
         for gpu in self._gpus(self._state()):
-            if _bus_without_domain(gpu.pci_bus_id) == wanted:
+            if gpu.sysfs_bus_id == wanted:
                 return handles.make(HandleRef(handles.KIND_DEVICE, gpu.index))
         _fail(pynvml.NVML_ERROR_NOT_FOUND)
 
@@ -318,7 +314,7 @@ class SimulatedNvml:
         info = pynvml.nvmlPciInfo_t()
         info.busId = gpu.pci_bus_id.encode()
         info.busIdLegacy = gpu.pci_bus_id.encode()
-        info.domain, info.bus, info.device = 0, gpu.slot.pci_bus, 0
+        info.domain, info.bus, info.device = gpu.slot.pci_domain, gpu.slot.pci_bus, gpu.slot.pci_device
         info.pciDeviceId = gpu.profile.pci_device_id
         info.pciSubSystemId = (gpu.profile.pci_device_id & 0xFFFF0000) | 0x10DE
         return info
