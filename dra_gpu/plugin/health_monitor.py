@@ -35,6 +35,7 @@ from dra_gpu.checkpoint.atomic_file import atomic_write
 from dra_gpu.hardware.health_events import GpuLostError, NvmlHealthEvents
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.nvml_hardware import NvmlHardware
+from dra_gpu.hardware.types import XidEvent
 from dra_gpu.inventory.device_health import (
     GpuHealth,
     HealthPolicy,
@@ -50,6 +51,9 @@ from dra_gpu.inventory.model import DeviceModel
 log = structlog.get_logger(__name__)
 
 REGISTER_RETRY_S = 60.0  # how often registration is tried again for unmonitored GPUs
+# The event wait is cut into slices this long so that stop() returns within one (a plugin restart or upgrade
+# waited up to the whole poll interval, 5 s, on the thread); each slice is one blocking NVML call.
+STOP_SLICE_S = 0.25
 
 
 class HealthMonitor:
@@ -107,7 +111,7 @@ class HealthMonitor:
         changed = False
         lost_signal = False
         try:
-            event = self._events.wait(self._wait_s)
+            event = self._wait_event()
         except GpuLostError:
             event, lost_signal = None, True
         except HardwareError as err:
@@ -126,6 +130,15 @@ class HealthMonitor:
         if changed:
             self._changed()
         return changed
+
+    def _wait_event(self) -> XidEvent | None:
+        """One event, or None after `wait_s` (or as soon as stop() is called)."""
+        deadline = time.monotonic() + self._wait_s
+        while True:
+            left = deadline - time.monotonic()
+            event = self._events.wait(max(min(left, STOP_SLICE_S), 0.001))
+            if event is not None or left <= STOP_SLICE_S or self._stop.is_set():
+                return event
 
     def _probe_all(self, lost_signal: bool) -> bool:
         now = time.time()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,3 +64,14 @@ def test_unmonitored_gpu_gets_effect_none_taint_and_changes_are_announced(root: 
         assert not view.model().by_name()["gpu-4"].taints
     finally:
         monitor.stop()
+
+
+def test_stop_returns_without_waiting_out_the_poll_interval(root: Path) -> None:
+    """A plugin restart or upgrade stops the monitor: it must not sit out the rest of a 5 s event wait."""
+    open_hardware("dgx-h100", str(root)).discover()
+    monitor = HealthMonitor(NvmlHealthEvents(open_simulated_nvml(root)), HealthPolicy(), wait_s=5.0)
+    monitor.start()
+    time.sleep(0.5)  # inside the first event wait
+    began = time.monotonic()
+    monitor.stop()
+    assert time.monotonic() - began < 2.0
