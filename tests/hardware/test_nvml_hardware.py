@@ -331,6 +331,15 @@ def test_fake_nvidia_smi_applies_a_mig_parted_layout(root: Path) -> None:
     assert hw.list_mig_devices(gpus[2].uuid) == []
     full = run("mig", "-i", "0", "-cgi", "19")  # no room left: fails, changes nothing
     assert full.returncode != 0 and len(hw.list_mig_devices(gpus[0].uuid)) == 4
+    assert full.stderr.splitlines() == [
+        "Unable to create a GPU instance on GPU  0 using profile 19: Insufficient Resources",
+        "Failed to create GPU instances: Insufficient Resources",
+    ]
+    # What was made before the refusal stays and is reported, as the real tool does
+    assert run("-i", "2", "-mig", "1").returncode == 0 and run("-i", "2", "-r").returncode == 0
+    partial = run("mig", "-i", "2", "-cgi", "3g.20gb,3g.20gb,3g.20gb", "-C")
+    assert partial.returncode != 0 and partial.stdout.count("Successfully created GPU instance") == 2
+    assert "Insufficient Resources" in partial.stderr and len(hw.list_mig_devices(gpus[2].uuid)) == 2
     unknown = run("mig", "-i", "0", "-cgi", "2g.99gb")
     assert unknown.returncode == 2 and "no GPU instance profile '2g.99gb'" in unknown.stderr
     assert "14 (2g.10gb)" in unknown.stderr

@@ -38,14 +38,41 @@ _RC_BY_NVML_ERROR = {
     pynvml.NVML_ERROR_GPU_IS_LOST: 15,
 }
 RC_OTHER = 255
+# nvmlErrorString's text, which the real tool prints: pynvml only has it from libnvidia-ml itself (without the
+# library it says "NVML Error with code 23").
+_NVML_ERROR_TEXT = {
+    pynvml.NVML_ERROR_UNINITIALIZED: "Uninitialized",
+    pynvml.NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    pynvml.NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+    pynvml.NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+    pynvml.NVML_ERROR_NOT_FOUND: "Not Found",
+    pynvml.NVML_ERROR_TIMEOUT: "Timeout",
+    pynvml.NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+    pynvml.NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+    pynvml.NVML_ERROR_IN_USE: "In use by another client",
+    pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES: "Insufficient Resources",
+    pynvml.NVML_ERROR_UNKNOWN: "Unknown Error",
+}
 
 
 def _exit_code_for(err: pynvml.NVMLError) -> int:
     return _RC_BY_NVML_ERROR.get(getattr(err, "value", None), RC_OTHER)
 
 
+def nvml_error_text(err: pynvml.NVMLError) -> str:
+    return _NVML_ERROR_TEXT.get(getattr(err, "value", None), str(err))
+
+
 class UsageError(Exception):
     pass
+
+
+class PartlyDoneError(Exception):
+    """A command that did part of its work before NVML refused the rest: what it printed, then the error."""
+
+    def __init__(self, done: str, error: str, code: int) -> None:
+        super().__init__(error)
+        self.done, self.error, self.code = done, error, code
 
 
 def _option(args: list[str], *names: str) -> str | None:
@@ -298,11 +325,20 @@ class Smi:
         given, on each selected GPU, where NVML places them (`nvmlDeviceCreateGpuInstance`); with `with_ci`
         each gets the compute instance that spans it. An NVML error (MIG off, no room) stops here and
         raises, leaving what was made before it, as the real tool does."""
-        lines = []
+        lines: list[str] = []
         for gpu in selected:
             for token in wanted:
                 spec = _mig_profile(gpu, token.strip())
-                gi = self.nvml.nvmlDeviceCreateGpuInstance(self.handle(gpu), spec.gi_profile_id)
+                try:
+                    gi = self.nvml.nvmlDeviceCreateGpuInstance(self.handle(gpu), spec.gi_profile_id)
+                except pynvml.NVMLError as err:
+                    text = nvml_error_text(err)
+                    raise PartlyDoneError(
+                        "\n".join(lines),
+                        f"Unable to create a GPU instance on GPU {gpu.index:>2} using profile "
+                        f"{spec.gi_profile_id}: {text}\nFailed to create GPU instances: {text}",
+                        _exit_code_for(err),
+                    ) from err
                 gi_id = self.nvml.nvmlGpuInstanceGetInfo(gi).id
                 lines.append(
                     f"Successfully created GPU instance ID {gi_id:>2} on GPU {gpu.index:>2} using profile "
@@ -393,8 +429,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(str(err), file=sys.stderr)
         return 2
+    except PartlyDoneError as failure:
+        if failure.done:
+            print(failure.done)
+        print(failure.error, file=sys.stderr)
+        return failure.code
     except pynvml.NVMLError as err:
-        print(f"Failed: {err}", file=sys.stderr)
+        print(f"Failed: {nvml_error_text(err)}", file=sys.stderr)
         return _exit_code_for(err)
     except Exception as err:  # the state file is missing or unreadable: say so like the real tool would fail
         print(
