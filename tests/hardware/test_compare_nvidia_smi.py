@@ -8,22 +8,26 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 from dra_gpu.hardware.compare_nvidia_smi import compare
 from dra_gpu.hardware.loader import open_hardware
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_simulator_agrees_with_its_nvidia_smi() -> None:
+@pytest.mark.parametrize(("hardware", "fields"), [("dgx-h100", 75), ("dual-gh200", 21)])
+def test_simulator_agrees_with_its_nvidia_smi(hardware: str, fields: int) -> None:
+    """dual-gh200: two GPUs at 01:00.0 of PCI domains 0009 and 0019, matched by their whole address."""
     done = subprocess.run(
-        [sys.executable, "-m", "dra_gpu.hardware.compare_nvidia_smi", "--hardware", "dgx-h100"],
+        [sys.executable, "-m", "dra_gpu.hardware.compare_nvidia_smi", "--hardware", hardware],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "75/75 fields agree" in done.stdout
+    assert f"{fields}/{fields} fields agree" in done.stdout
 
 
 def test_differences_are_reported_field_by_field() -> None:
