@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.loader import REAL, open_hardware
-from dra_gpu.hardware.nvml_hardware import normalize_bus_id
-from dra_gpu.hardware.types import ComputeMode, DiscoveryResult, GpuInfo
+from dra_gpu.hardware.types import ComputeMode, DiscoveryResult, GpuInfo, normalize_bus_id
 
 _COMPUTE_MODES = {
     "Default": ComputeMode.DEFAULT,

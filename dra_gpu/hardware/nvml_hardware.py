@@ -24,6 +24,7 @@ from dra_gpu.hardware.types import (
     MigInstance,
     MigPlacement,
     MigProfileInfo,
+    normalize_bus_id,
 )
 
 ARCHITECTURE_NAMES = {
@@ -74,13 +75,6 @@ _CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
 
 def cores_per_sm(capability: tuple[int, int]) -> int:
     return _CORES_PER_SM_EXCEPTIONS.get(capability, _CORES_PER_SM_BY_MAJOR.get(capability[0], 128))
-
-
-def normalize_bus_id(raw: str | bytes) -> str:
-    """NVML's "00000000:07:00.0" -> sysfs/Kubernetes form "0000:07:00.0" (4-digit domain, lower case)."""
-    text = (raw.decode() if isinstance(raw, bytes) else raw).strip().lower()
-    domain, rest = text.split(":", 1)
-    return f"{int(domain, 16):04x}:{rest}"
 
 
 class NvmlHardware:

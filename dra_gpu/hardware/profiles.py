@@ -16,6 +16,8 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
+from dra_gpu.hardware.types import normalize_bus_id
+
 # NVML_DEVICE_ARCH_* values (pynvml constants, copied as plain ints so this module stays import-light)
 ARCH_PASCAL = 4
 ARCH_TURING = 6
@@ -415,18 +417,7 @@ class SimulatedGpu:
     @property
     def sysfs_bus_id(self) -> str:
         """The same address as sysfs names it: 4-digit domain, lower case ("0000:07:00.0")."""
-        return canonical_bus_id(self.pci_bus_id)
-
-
-def canonical_bus_id(text: str) -> str:
-    """Any spelling of a PCI address ("00000009:01:00.0", "0009:01:00.0", "01:00.0") -> "0009:01:00.0".
-    A missing domain means domain 0, as NVML and nvidia-smi read one."""
-    parts = text.strip().lower().split(":")
-    try:
-        domain = int(parts[0], 16) if len(parts) == 3 else 0
-    except ValueError:
-        return text.strip().lower()  # not an address: equal to none
-    return f"{domain:04x}:{parts[-2]:0>2}:{parts[-1]}"
+        return normalize_bus_id(self.pci_bus_id)
 
 
 def gpu_uuid(seed: str, index: int) -> str:

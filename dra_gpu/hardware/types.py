@@ -11,6 +11,19 @@ import enum
 from dataclasses import dataclass, field
 
 
+def normalize_bus_id(raw: str | bytes) -> str:
+    """Any spelling of a PCI address -> the sysfs/Kubernetes form, 4-digit domain, lower case: NVML's
+    "00000009:01:00.0", "0009:01:00.0" and (domain 0, as NVML and nvidia-smi read a missing one) "07:00.0".
+    Text that is not an address comes back lower-cased, equal to no address."""
+    text = (raw.decode() if isinstance(raw, bytes) else raw).strip().lower()
+    parts = text.split(":")
+    try:
+        domain = int(parts[0], 16) if len(parts) == 3 else 0
+    except ValueError:
+        return text
+    return f"{domain:04x}:{parts[-2]:0>2}:{parts[-1]}"
+
+
 class ComputeMode(enum.IntEnum):
     """NVML compute modes (`NVML_COMPUTEMODE_*`)."""
 

@@ -22,6 +22,7 @@ from dra_gpu.hardware import profiles
 from dra_gpu.hardware.sim_driver_root import open_simulated_nvml
 from dra_gpu.hardware.simulator.nvml import CI_PROFILE_SLICES, SimulatedNvml
 from dra_gpu.hardware.simulator.state import SimState
+from dra_gpu.hardware.types import normalize_bus_id
 
 _COMPUTE_MODES = {"0": 0, "DEFAULT": 0, "2": 2, "PROHIBITED": 2, "3": 3, "EXCLUSIVE_PROCESS": 3}
 _COMPUTE_MODE_NAMES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
@@ -116,7 +117,7 @@ class Smi:
                 g
                 for g in self.gpus
                 if item in (str(g.index), g.uuid)
-                or (":" in item and profiles.canonical_bus_id(item) == g.sysfs_bus_id)
+                or (":" in item and normalize_bus_id(item) == g.sysfs_bus_id)
             ]
             if not match:
                 raise UsageError(f"No devices were found matching {item!r}")

@@ -49,6 +49,7 @@ from dra_gpu.hardware.simulator.state import (
     StateStore,
     raise_event,
 )
+from dra_gpu.hardware.types import normalize_bus_id
 
 _T = TypeVar("_T")
 
@@ -257,7 +258,7 @@ class SimulatedNvml:
 
     def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes) -> Any:
         # "0000:07:00.0", "00000000:07:00.0" and "07:00.0" name one device; two GH200s differ only by domain
-        wanted = profiles.canonical_bus_id(bus_id.decode() if isinstance(bus_id, bytes) else bus_id)
+        wanted = normalize_bus_id(bus_id)
         for gpu in self._gpus(self._state()):
             if gpu.sysfs_bus_id == wanted:
                 return handles.make(HandleRef(handles.KIND_DEVICE, gpu.index))
