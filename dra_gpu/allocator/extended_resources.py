@@ -71,18 +71,19 @@ def extended_resource_claim(
     init = list(spec.get("initContainers") or ())
     containers = [*init, *(spec.get("containers") or ())]
     short_lived = {i for i, c in enumerate(init) if c.get("restartPolicy") != "Always"}
-    asked = [
-        {
-            name: _count(value, f"Pod {namespace}/{pod_name} container {c.get('name')!r} resources {name!r}")
-            for name, value in _requests(c).items()
-            if class_for_resource(name, extended_names, class_names) is not None
-        }
-        for c in containers
-    ]
+    class_of: dict[str, str] = {}  # the DRA-backed resources the pod asks for -> their DeviceClass
+    asked: list[dict[str, int]] = []  # per container: resource -> count
+    for c in containers:
+        counts = {}
+        for name, value in _requests(c).items():
+            class_name = class_for_resource(name, extended_names, class_names)
+            if class_name is not None:
+                class_of[name] = class_name
+                where = f"Pod {namespace}/{pod_name} container {c.get('name')!r} resources {name!r}"
+                counts[name] = _count(value, where)
+        asked.append(counts)
     requests = []
-    for resource in sorted({name for wanted in asked for name in wanted}):
-        class_name = class_for_resource(resource, extended_names, class_names)
-        assert class_name is not None
+    for resource, class_name in sorted(class_of.items()):
         long_lived: list[Any] = [None] * len(containers)
         for i, container in enumerate(containers):
             if i not in short_lived and asked[i].get(resource):

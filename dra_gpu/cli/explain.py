@@ -329,6 +329,7 @@ def _claim_groups(
 ) -> tuple[list[list[ClaimSpec]], list[str]]:
     notes: list[str] = []
     extended_names = {c.extended_resource_name: c.name for c in classes.values() if c.extended_resource_name}
+    class_names = frozenset(classes)
     claims: dict[tuple[str, str], tuple[Document | None, Mapping[str, Any]]] = {}
     templates: dict[tuple[str, str], tuple[Document | None, Mapping[str, Any]]] = {}
     pods: list[Document] = []
@@ -391,7 +392,7 @@ def _claim_groups(
                     f"{entry.get('name')!r}: needs resourceClaimName or resourceClaimTemplateName"
                 )
         try:
-            extended = extended_resource_claim(pod, extended_names, frozenset(classes))
+            extended = extended_resource_claim(pod, extended_names, class_names)
         except InputError as error:
             raise InputError(f"{document.where}: {error}") from None
         if extended is not None:
