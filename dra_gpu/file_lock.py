@@ -27,9 +27,15 @@ def open_lock_file(
 ) -> int:
     """A descriptor for `path` (created with its directory when missing). With `allow_read_only`, a read-only
     file system still allows locking an existing file (reads keep working there). Raises OSError."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=dir_mode)
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
+        try:
+            return os.open(path, flags, mode)
+        except FileNotFoundError:
+            # Only the first lock in a new directory makes it: a mkdir on every lock was two system calls
+            # per lock, each a point where a prepare thread gives up the GIL (bench_side_by_side's waves).
+            path.parent.mkdir(parents=True, exist_ok=True, mode=dir_mode)
+            return os.open(path, flags, mode)
     except OSError:
         if not allow_read_only:
             raise

@@ -29,16 +29,23 @@ class CdiSpecWriter:
         """Validate and atomically write the claim's spec (readable by the container runtime)."""
         validate_spec(spec)
         path = self.path_for(claim_uid)
-        try:
-            self.cdi_root.mkdir(parents=True, exist_ok=True, mode=0o755)
-        except OSError as exc:
-            raise CdiWriteError(f"creating CDI directory {self.cdi_root}: {exc.strerror or exc}") from exc
         # Not fsynced: the spec is transient (the CDI root is normally the tmpfs /var/run/cdi, and leftovers
         # are removed at start-up), so only atomicity matters, and that holds across a process crash.
         # One line: without `indent` the json module encodes in C; the indenting encoder, pure Python, was a
         # seventh of a prepare's time holding the GIL (`jq . <spec>` to read it).
         data = (json.dumps(spec) + "\n").encode()
-        atomic_write(path, data, error=CdiWriteError, mode=0o644, durable=False)
+        try:
+            atomic_write(path, data, error=CdiWriteError, mode=0o644, durable=False)
+        except CdiWriteError:
+            if self.cdi_root.is_dir():
+                raise
+            # The CDI root is made when a write finds it missing (first use, a cleared tmpfs) rather than
+            # checked before every write: a prepare's system calls are where its thread gives up the GIL.
+            try:
+                self.cdi_root.mkdir(parents=True, exist_ok=True, mode=0o755)
+            except OSError as exc:
+                raise CdiWriteError(f"creating CDI directory {self.cdi_root}: {exc.strerror or exc}") from exc
+            atomic_write(path, data, error=CdiWriteError, mode=0o644, durable=False)
         return path
 
     def has_spec(self, claim_uid: str) -> bool:

@@ -217,7 +217,8 @@ def configure_logging(log_format: str) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        # One write per line (PrintLogger's print writes the line and its newline apart, then flushes).
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stdout),
         cache_logger_on_first_use=True,
     )
     # Modules that log through the standard library (the slice controller) come out in the same format.

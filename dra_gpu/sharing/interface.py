@@ -55,6 +55,9 @@ class GroupResult:
     state: Mapping[str, Any]  # JSON-serialisable; everything unprepare_group needs, checkpointed
     edits: CdiEdits  # applied to every device of the group
     mig_instances: Mapping[str, MigInstance] = field(default_factory=dict)  # device name -> created instance
+    # False when the group changed nothing that unprepare_group undoes (no MIG instance, MPS daemon or share,
+    # time slice): the prepare then need not record the group before it goes on (PrepareService._apply).
+    undo_needed: bool = True
 
 
 class SharingError(Exception):

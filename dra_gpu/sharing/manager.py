@@ -222,7 +222,9 @@ class HardwareSharingManager:
                 devices=state["devices"],
                 created_mig=list(created),
             )
-            return GroupResult(state=state, edits=edits, mig_instances=created)
+            return GroupResult(
+                state=state, edits=edits, mig_instances=created, undo_needed=bool(self._gpus_of_state(state))
+            )
 
     def _start_group_mps(
         self, claim_uid: str, mps: MpsPlan, created: Mapping[str, MigInstance], state: dict[str, Any]

@@ -227,6 +227,15 @@ def test_writer_writes_atomically_and_removes(tmp_path: Path) -> None:
     assert os.listdir(tmp_path / "cdi") == []
 
 
+def test_writer_makes_the_cdi_root_again_when_it_was_cleared(tmp_path: Path) -> None:
+    writer = CdiSpecWriter(tmp_path / "cdi")
+    writer.write(UID, _valid())
+    writer.write(UID, _valid())  # a rewrite (a repaired spec) replaces the file, leaving nothing beside it
+    assert os.listdir(tmp_path / "cdi") == [spec_file_name(UID)]
+    subprocess.run(["rm", "-rf", str(tmp_path / "cdi")], check=True)  # a tmpfs /var/run/cdi after a remount
+    assert json.loads(writer.write(UID, _valid()).read_text()) == _valid()
+
+
 def test_writer_refuses_an_invalid_spec_and_writes_nothing(tmp_path: Path) -> None:
     writer = CdiSpecWriter(tmp_path)
     spec = _valid()

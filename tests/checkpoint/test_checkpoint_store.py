@@ -455,3 +455,34 @@ def test_followers_that_time_out_behind_a_stuck_leader_are_never_written(tmp_pat
     assert sorted(errors) == ["late-0", "late-1", "late-2"] and store._pending == []
     store.update_claim("next", entry("next"))
     assert sorted(json.loads(store.path.read_text())["claims"]) == ["next"]
+
+
+def test_a_detached_entry_is_equal_and_its_json_parts_are_its_own() -> None:
+    original = entry("a")
+    copy_ = original.detached()
+    assert copy_ == original
+    copy_.groups[0].state["timeSlice"]["GPU-1"] = 0  # type: ignore[index]  # the sharing manager does this
+    copy_.groups[0].mig_instances["gpu-0-mig-1g10gb-19-0"]["giID"] = 9  # type: ignore[index]
+    copy_.devices[1].config["sharing"]["strategy"] = "MPS"  # type: ignore[index]
+    assert original == entry("a")
+
+
+def test_a_rewrite_leaves_one_file_and_readers_see_old_or_new(tmp_path: Path) -> None:
+    """Writes without fsync swap the new file into place (RENAME_EXCHANGE) and remove the old one: the
+    directory holds only the checkpoint afterwards, and a reader that opened the old file keeps reading it."""
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    store.update_claim("a", entry("a"), durable=False)
+    with store.path.open("rb") as old_reader:
+        store.update_claim("b", entry("b"), durable=False)
+        store.update_claim("a", None, durable=False)
+        assert set(json.loads(old_reader.read())["claims"]) == {"a"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.json", "checkpoint.lock"]
+    assert set(CheckpointStore(tmp_path, boot_id="boot-1").read().claims) == {"b"}
+
+
+def test_a_cached_read_notices_a_file_replaced_by_another_process(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, boot_id="boot-1")
+    store.update_claim("a", entry("a"), durable=False)
+    assert set(store.read(shared=True).claims) == {"a"}  # from the copy of what it wrote
+    CheckpointStore(tmp_path, boot_id="boot-1").update_claim("b", entry("b"))  # another plugin instance
+    assert set(store.read(shared=True).claims) == {"a", "b"}

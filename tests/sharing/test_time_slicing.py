@@ -31,6 +31,7 @@ def test_interval_is_set_and_reset(node: SimNode, interval: str, value: int) -> 
     assert node.gpu_state(uuid).timeslice == value
     assert node.gpu_state(uuid).compute_mode == int(ComputeMode.DEFAULT)  # nvidia-smi -c DEFAULT first
     assert result.state["timeSlice"] == {"interval": value, "gpus": [uuid]}
+    assert result.undo_needed  # the prepare records the group before it goes on
     assert result.edits.env == ()
     manager.unprepare_group("claim-1", result.state)
     assert node.gpu_state(uuid).timeslice == 0
@@ -45,6 +46,7 @@ def test_no_config_and_no_sharing_change_nothing(node: SimNode) -> None:
     for config in (None, plain):
         result = manager.prepare_group("c", config, [node.alloc("gpu-0")])
         assert result.state["timeSlice"] is None
+        assert not result.undo_needed  # nothing a crash before the completed record would leave behind
         manager.unprepare_group("c", result.state)
         assert node.gpu_state(uuid).timeslice == 2
 
