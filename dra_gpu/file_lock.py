@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,3 +81,53 @@ def unlock_and_close(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+class LockFile:
+    """A lock file whose descriptor is opened on first use and kept until `close` (or until this object goes):
+    taking the lock is one `flock` instead of open, flock and close (each system call is a point where a
+    prepare's thread gives up the GIL; a prepare takes about seven locks).
+
+    The descriptor is read-only (`flock` needs no more), so keeping it open does not stop the file system from
+    being remounted read-only, and an existing file can be locked on a read-only file system. It is one open
+    file description, so threads of this process that lock it together do not exclude each other: callers keep
+    a thread lock in front (one holder at a time), or count their shared holders and lock the file for all of
+    them at once. The file must stay where it is while the descriptor is open (dra-gpu never removes its lock
+    files): a lock on a removed file would exclude nobody."""
+
+    def __init__(self, path: Path, *, mode: int = 0o600, dir_mode: int = 0o750) -> None:
+        self.path = path
+        self._mode = mode
+        self._dir_mode = dir_mode
+        self._fd: int | None = None
+        self._open_lock = threading.Lock()
+        self._finalizer: weakref.finalize[[int], LockFile] | None = None
+
+    def acquire(self, *, exclusive: bool = True, timeout_s: float | None = None) -> None:
+        """Take the lock; raises OSError when the file cannot be opened (or made) and FileLockTimeoutError
+        when another process holds it past `timeout_s`."""
+        lock_fd(self._descriptor(), exclusive=exclusive, timeout_s=timeout_s)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Close the descriptor (releasing any lock on it); the next `acquire` opens the file again."""
+        with self._open_lock:
+            if self._finalizer is not None:
+                self._finalizer()  # closes the descriptor, once
+            self._fd = self._finalizer = None
+
+    def _descriptor(self) -> int:
+        with self._open_lock:
+            if self._fd is None:
+                flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC
+                try:
+                    fd = os.open(self.path, flags, self._mode)
+                except FileNotFoundError:  # the first lock in a new directory
+                    self.path.parent.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
+                    fd = os.open(self.path, flags, self._mode)
+                self._fd = fd
+                self._finalizer = weakref.finalize(self, os.close, fd)
+            return self._fd

@@ -20,13 +20,13 @@ GPU section. The reverse (asking for the node while holding a GPU) would wait fo
 Across processes (a second plugin instance during a rolling update) the same structure is kept with `flock`
 files in `directory`: `node.lock`, shared by GPU sections and exclusive for `node()`, and one
 `gpu-<uuid>.lock` per GPU, exclusive (the shared sections of one process hold it together). Only a thread's
-outermost section touches the files (a second descriptor of the same file would conflict with the first).
+outermost section touches the files. Each file has one descriptor, kept open (`LockFile`): the GPU sections of
+this process lock `node.lock` shared together, counted, as its shared holders of one GPU lock its file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import threading
 import time
@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dra_gpu.file_lock import FileLockTimeoutError, lock_fd, open_lock_file, unlock_and_close
+from dra_gpu.file_lock import FileLockTimeoutError, LockFile
 
 NODE_LOCK_FILE = "node.lock"
 DEFAULT_TIMEOUT_S = 40.0  # the kubelet gives each call 45 s
@@ -66,8 +66,8 @@ class _GpuLock:
         # The GPU's lock file, held exclusively for all of this process's shared holders together: another
         # plugin process stays out of the GPU while any of them is in (as it did when they took turns).
         self.file_mutex = threading.Lock()
-        self.shared_fd: int | None = None
-        self.shared_fd_users = 0
+        self.shared_file: LockFile | None = None
+        self.shared_file_users = 0
 
     def acquire(self, *, exclusive: bool, timeout: float) -> bool:
         with self._cond:
@@ -115,6 +115,10 @@ class GpuLocks:
         self._gpu_locks: dict[str, _GpuLock] = {}
         self._claim_locks: dict[str, list[Any]] = {}  # uid -> [RLock, users]
         self._mine = _ThreadState()
+        self._files: dict[str, LockFile] = {}  # lock file name -> its kept descriptor
+        # node.lock, held shared for all of this process's GPU sections together (one descriptor)
+        self._node_file_mutex = threading.Lock()
+        self._node_file_users = 0
 
     # ---- GPU sections ------------------------------------------------------------------------------------
 
@@ -145,14 +149,21 @@ class GpuLocks:
                     raise GpuLockTimeoutError(f"waited {self._timeout_s}s for node-wide work of this plugin")
                 self._sharers += 1
         mine.shared_depth += 1
-        fd: int | None = None
+        joined = False
         try:
             if outermost:
-                fd = self._file_lock(NODE_LOCK_FILE, exclusive=False)
+                with self._node_file_mutex:
+                    if not self._node_file_users:
+                        self._file_lock(NODE_LOCK_FILE, exclusive=False)
+                    self._node_file_users += 1
+                    joined = True
             yield
         finally:
-            if fd is not None:
-                unlock_and_close(fd)
+            if joined:
+                with self._node_file_mutex:
+                    self._node_file_users -= 1
+                    if not self._node_file_users:
+                        self._file_unlock(NODE_LOCK_FILE)
             mine.shared_depth -= 1
             if outermost:
                 with self._cond:
@@ -174,27 +185,27 @@ class GpuLocks:
         if not lock.acquire(exclusive=exclusive, timeout=_left(deadline)):
             raise GpuLockTimeoutError(f"GPU {key}: waited {self._timeout_s}s behind another claim of it")
         mine.gpus[key] = 1
-        fd: int | None = None
+        held: LockFile | None = None
         joined = False
         try:
             if mine.node_depth == 0 and exclusive:
-                fd = self._file_lock(_gpu_file(key), exclusive=True)
+                held = self._file_lock(_gpu_file(key), exclusive=True)
             elif mine.node_depth == 0:
                 with lock.file_mutex:
-                    if not lock.shared_fd_users:
-                        lock.shared_fd = self._file_lock(_gpu_file(key), exclusive=True)
-                    lock.shared_fd_users += 1
+                    if not lock.shared_file_users:
+                        lock.shared_file = self._file_lock(_gpu_file(key), exclusive=True)
+                    lock.shared_file_users += 1
                     joined = True
             yield
         finally:
-            if fd is not None:
-                unlock_and_close(fd)
+            if held is not None:
+                held.release()
             if joined:
                 with lock.file_mutex:
-                    lock.shared_fd_users -= 1
-                    if not lock.shared_fd_users and lock.shared_fd is not None:
-                        unlock_and_close(lock.shared_fd)
-                        lock.shared_fd = None
+                    lock.shared_file_users -= 1
+                    if not lock.shared_file_users and lock.shared_file is not None:
+                        lock.shared_file.release()
+                        lock.shared_file = None
             del mine.gpus[key]
             lock.release(exclusive=exclusive)
 
@@ -253,13 +264,14 @@ class GpuLocks:
                 raise GpuLockTimeoutError(f"waited {self._timeout_s}s for claims being prepared on this node")
             self._node_owner = threading.get_ident()
         mine.node_depth = 1
-        fd: int | None = None
+        held: LockFile | None = None
         try:
-            fd = self._file_lock(NODE_LOCK_FILE, exclusive=True)
+            # No GPU section of this process is in (waited for above), so node.lock's one descriptor is free.
+            held = self._file_lock(NODE_LOCK_FILE, exclusive=True)
             yield
         finally:
-            if fd is not None:
-                unlock_and_close(fd)
+            if held is not None:
+                held.release()
             mine.node_depth = 0
             with self._cond:
                 self._node_owner = None
@@ -267,22 +279,28 @@ class GpuLocks:
 
     # ---- files -------------------------------------------------------------------------------------------
 
-    def _file_lock(self, name: str, *, exclusive: bool) -> int | None:
+    def _file_lock(self, name: str, *, exclusive: bool) -> LockFile | None:
+        """Lock file `name` (None without a directory). Raises GpuLockTimeoutError."""
         if self._directory is None:
             return None
-        path = self._directory / name
+        with self._cond:
+            file = self._files.get(name)
+            if file is None:
+                file = self._files[name] = LockFile(self._directory / name)
         try:
-            fd = open_lock_file(path, dir_mode=0o750, allow_read_only=True)
-        except OSError as exc:
-            raise GpuLockTimeoutError(f"{path}: cannot open ({exc.strerror})") from exc
-        try:
-            lock_fd(fd, exclusive=exclusive, timeout_s=self._file_timeout_s)
+            file.acquire(exclusive=exclusive, timeout_s=self._file_timeout_s)
         except FileLockTimeoutError:
-            os.close(fd)
             raise GpuLockTimeoutError(
-                f"{path}: held by another plugin instance for more than {self._file_timeout_s}s"
+                f"{file.path}: held by another plugin instance for more than {self._file_timeout_s}s"
             ) from None
-        return fd
+        except OSError as exc:
+            raise GpuLockTimeoutError(f"{file.path}: cannot open ({exc.strerror})") from exc
+        return file
+
+    def _file_unlock(self, name: str) -> None:
+        file = self._files.get(name)
+        if file is not None:
+            file.release()
 
 
 def _gpu_file(key: str) -> str:

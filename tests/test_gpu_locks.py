@@ -202,6 +202,51 @@ def test_another_plugin_process_holding_a_gpu_excludes_it_here(tmp_path: Path) -
         pass
 
 
+_OTHER_PLUGIN_NODE = """
+import sys
+from dra_gpu.gpu_locks import GpuLocks, GpuLockTimeoutError
+try:
+    with GpuLocks(sys.argv[1], file_timeout_s=0.2).node():
+        print("got")
+except GpuLockTimeoutError:
+    print("held")
+"""
+
+
+def _other_process_node_section(directory: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", _OTHER_PLUGIN_NODE, str(directory)], capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def test_the_node_file_stays_locked_until_the_last_gpu_section_of_this_process_ends(tmp_path: Path) -> None:
+    """The GPU sections of this process share one descriptor of node.lock: the first one to end must not
+    unlock it for the others."""
+    locks = GpuLocks(tmp_path)
+    first_in, second_in, first_out, second_out = (threading.Event() for _ in range(4))
+
+    def section(gpu: str, entered: threading.Event, leave: threading.Event) -> None:
+        with locks.gpus([gpu]):
+            entered.set()
+            leave.wait(10)
+
+    threads = [
+        _in_thread(lambda: section("GPU-a", first_in, first_out)),
+        _in_thread(lambda: section("GPU-b", second_in, second_out)),
+    ]
+    assert first_in.wait(5) and second_in.wait(5)
+    assert _other_process_node_section(tmp_path) == "held"
+    first_out.set()
+    threads[0].join(5)
+    assert _other_process_node_section(tmp_path) == "held"  # GPU-b's section is still in
+    second_out.set()
+    threads[1].join(5)
+    assert _other_process_node_section(tmp_path) == "got"
+    with locks.node():  # and this process's own node section after it
+        pass
+
+
 def test_calls_for_one_claim_take_turns_and_leave_nothing_behind(tmp_path: Path) -> None:
     """Shares of a GPU hold it side by side, so two calls for one claim are kept apart by the claim's own lock
     (re-entrant); other claims go on meanwhile; a finished claim leaves no lock behind."""
@@ -224,4 +269,3 @@ def test_calls_for_one_claim_take_turns_and_leave_nothing_behind(tmp_path: Path)
     with locks.claim("uid-1"):
         pass
     assert locks._claim_locks == {}
-

@@ -42,7 +42,7 @@ from typing import Any
 import structlog
 
 from dra_gpu.checkpoint.atomic_file import atomic_write
-from dra_gpu.file_lock import FileLockTimeoutError, lock_fd, open_lock_file, unlock_and_close
+from dra_gpu.file_lock import FileLockTimeoutError, LockFile
 
 log = structlog.get_logger(__name__)
 
@@ -308,13 +308,18 @@ class CheckpointStore:
         self._thread_lock = threading.RLock()
         self._depth = 0
         self._owner: int | None = None  # the thread inside locked()
-        self._lock_fd: int | None = None
+        self._lock_file = LockFile(self.lock_path)  # one descriptor, kept (see LockFile)
+        self._lock_held = False
         self._last: tuple[tuple[int, int, int], Checkpoint] | None = None  # (file identity, what it holds)
         self._pending_lock = threading.Lock()
         self._pending: list[_Update] = []  # update_claim's changes not yet written
         # update_claim's leader/followers: one caller writes the queue, the others wait for their change
         self._queue = threading.Condition(self._pending_lock)
         self._writing = False  # a leader is taking the lock or writing
+
+    def close(self) -> None:
+        """Close the lock file's kept descriptor (a store used again opens it again)."""
+        self._lock_file.close()
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -325,7 +330,8 @@ class CheckpointStore:
             )
         try:
             if self._depth == 0:
-                self._lock_fd = self._take_file_lock()
+                self._take_file_lock()
+                self._lock_held = True
                 self._owner = threading.get_ident()
             self._depth += 1
             try:
@@ -334,9 +340,9 @@ class CheckpointStore:
                 self._depth -= 1
                 if self._depth == 0:
                     self._owner = None
-                    if self._lock_fd is not None:
-                        unlock_and_close(self._lock_fd)
-                        self._lock_fd = None
+                    if self._lock_held:
+                        self._lock_file.release()
+                        self._lock_held = False
         finally:
             self._thread_lock.release()
 
@@ -439,19 +445,15 @@ class CheckpointStore:
             for update in batch:
                 update.done.set()
 
-    def _take_file_lock(self) -> int:
+    def _take_file_lock(self) -> None:
         try:
-            fd = open_lock_file(self.lock_path, dir_mode=0o750, allow_read_only=True)
-        except OSError as exc:
-            raise CheckpointLockError(f"{self.lock_path}: cannot open ({exc.strerror})") from exc
-        try:
-            lock_fd(fd, timeout_s=self._lock_timeout_s)
+            self._lock_file.acquire(timeout_s=self._lock_timeout_s)
         except FileLockTimeoutError:
-            os.close(fd)
             raise CheckpointLockError(
                 f"{self.lock_path}: held by another plugin instance for more than {self._lock_timeout_s}s"
             ) from None
-        return fd
+        except OSError as exc:
+            raise CheckpointLockError(f"{self.lock_path}: cannot open ({exc.strerror})") from exc
 
     def read(self, *, shared: bool = False) -> Checkpoint:
         """The checkpoint as the file holds it. Inside `locked()` for a read-modify-write; outside it, a

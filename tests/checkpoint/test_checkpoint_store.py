@@ -156,6 +156,7 @@ def test_disk_full_leaves_the_old_checkpoint_intact(tiny_tmpfs: Path) -> None:
     assert "disk full" in str(err.value) and str(tiny_tmpfs / "checkpoint.json") in str(err.value)
     assert (tiny_tmpfs / "checkpoint.json").read_bytes() == before
     assert sorted(os.listdir(tiny_tmpfs)) == ["checkpoint.json", "checkpoint.lock"]  # no temp file left
+    store.close()  # its kept lock descriptor would keep the tmpfs busy
 
 
 def test_read_only_directory_is_a_write_error(tmp_path: Path) -> None:
@@ -170,6 +171,7 @@ def test_read_only_directory_is_a_write_error(tmp_path: Path) -> None:
             store.write(Checkpoint(boot_id="b"))
         assert "Read-only" in str(err.value)
         assert set(store.read().claims) == {"u1"}
+        store.close()
     finally:
         subprocess.run(["umount", str(mount_point)], check=True)
         mount_point.rmdir()
