@@ -120,6 +120,9 @@ class SimulatedNvml:
         self._after_change = after_change  # e.g. keep the driver root's MIG capability files in step
         self._event_sets: dict[int, _EventSet] = {}
         self._next_event_set = 1
+        # The GPUs of the last state read (the store hands out one object until the state changes): working
+        # them out again for each of the ~700 NVML calls of a DGX discovery took ~15 ms of the plugin's start.
+        self._gpus_of: tuple[SimState, tuple[profiles.SimulatedGpu, ...]] | None = None
 
     # ---- module-like fallbacks: constants, structs and errors are pynvml's own ----
     def __getattr__(self, name: str) -> Any:
@@ -135,7 +138,12 @@ class SimulatedNvml:
         return self.store.read()
 
     def _gpus(self, state: SimState) -> tuple[profiles.SimulatedGpu, ...]:
-        return profiles.simulated_gpus(state.layout(), state.seed)
+        last = self._gpus_of
+        if last is not None and last[0] is state:
+            return last[1]
+        gpus = profiles.simulated_gpus(state.layout(), state.seed)
+        self._gpus_of = (state, gpus)
+        return gpus
 
     def _check_fault(self, state: SimState, gpu_index: int, function: str) -> None:
         for fault in state.faults:
