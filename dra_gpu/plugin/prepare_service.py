@@ -66,7 +66,7 @@ from dra_gpu.plugin.device_conflicts import devices_conflict
 from dra_gpu.plugin.fault_injection import FaultPoints
 from dra_gpu.plugin.metrics import PluginMetrics
 from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, GroupResult, SharingError, SharingManager
-from dra_gpu.sharing.plan import gpu_lock_keys
+from dra_gpu.sharing.plan import gpu_lock_keys, takes_devices_as_they_are
 from dra_gpu.sharing.registry import RegistryUnreadableError
 
 if TYPE_CHECKING:  # the models load with the first config a claim carries (dra_gpu.config.names)
@@ -455,16 +455,27 @@ class PrepareService:
                     for a, config in zip(allocations, configs, strict=True)
                 ),
             )
-            # The check and the reservation in one update of the file (not fsynced: see _commit).
-            self._commit(
-                ref,
-                entry,
-                check=lambda checkpoint: self._refuse_double_use(ref, checkpoint, allocations, configs),
+
+            def refuse_double_use(checkpoint: Checkpoint) -> None:
+                self._refuse_double_use(ref, checkpoint, allocations, configs)
+
+            as_they_are = all(
+                takes_devices_as_they_are(config, [allocations[i].as_allocated() for i in indices])
+                for config, indices in groups
             )
+            if not as_they_are:
+                # The check and the reservation in one update of the file (not fsynced: see _commit), before
+                # anything is changed.
+                self._commit(ref, entry, check=refuse_double_use)
+            # Else nothing will change but the claim's CDI spec, so the check goes with the completed entry:
+            # one checkpoint write for the prepare of a whole GPU. A crash before it leaves a spec no record
+            # names, which the next start removes; a refusal then removes the spec (rollback).
             self.faults.reached("prepare-started")
             progress = _Progress(entry)
             try:
-                return self._apply(ref, progress, allocations, groups)
+                return self._apply(
+                    ref, progress, allocations, groups, check=refuse_double_use if as_they_are else None
+                )
             except Exception as failure:  # whatever went wrong, undo what was done before answering
                 self._roll_back_after_failure(ref, progress.entry, failure)
                 raise
@@ -593,7 +604,9 @@ class PrepareService:
         progress: _Progress,
         allocations: Sequence[_Allocation],
         groups: Sequence[tuple[DeviceConfig | None, list[int]]],
+        check: Callable[[Checkpoint], None] | None = None,
     ) -> PrepareOutcome:
+        """Prepare the groups, write the CDI spec, record the completed entry (`check` may refuse it)."""
         group_edits: dict[int, CdiEdits] = {}
         created_mig: dict[str, MigInstance] = {}
         for group_index, (config, indices) in enumerate(groups):
@@ -645,7 +658,7 @@ class PrepareService:
                 replace(d, cdi_device_ids=(cdi_device_id(ref.uid, d.device),)) for d in entry.devices
             ),
         )
-        self._commit(ref, completed)
+        self._commit(ref, completed, check=check)
         self.faults.reached("prepare-completed")
         return _answer_from_entry(completed)
 

@@ -80,6 +80,16 @@ class SharingPlan:
     skipped_admin: tuple[str, ...] = field(default=())  # admin-access devices: observed, never reconfigured
 
 
+def takes_devices_as_they_are(config: object | None, devices: Sequence[AllocatedDevice]) -> bool:
+    """True when `build_plan` for this group is certain to plan nothing that changes the hardware (no MIG
+    instance, time slice, MPS daemon or share): no config, and only whole GPUs and existing MIG devices, none
+    of them a share. What prepare_group does for such a group leaves nothing to undo."""
+    as_is = (DeviceKind.GPU, DeviceKind.MIG_STATIC)
+    return config is None and all(
+        d.device.kind in as_is and d.share_id is None and not d.consumed_capacity for d in devices
+    )
+
+
 def build_plan(
     config: object | None, devices: Sequence[AllocatedDevice], gpus: Mapping[str, GpuInfo]
 ) -> SharingPlan:

@@ -95,6 +95,33 @@ def test_killed_during_prepare(
     kubelet.close()
 
 
+@pytest.mark.parametrize("step", ["prepare-started", "prepare-group-0", "prepare-cdi-written"])
+def test_killed_while_preparing_a_whole_gpu_as_it_is(
+    step: str, start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """A whole GPU with no config changes nothing but its CDI spec, so its prepare records only the completed
+    entry: a crash before that leaves at most a spec no record names, which the next start removes."""
+    name, uid = claims.make("crash", [Result("gpu", "gpu-2")])
+    claim = ClaimId("crash", uid, name)
+    doomed = start_plugin(env={"DRA_GPU_FAULT_KILL_AT": step})
+    kubelet = KubeletClient(node.registration_socket)
+    crash(doomed, lambda: kubelet.prepare([claim]))
+    kubelet.close()
+    assert node.checkpoint()["claims"] == {}
+    leftover = [f"k8s.gpu.nvidia.com-claim_{uid}.json"] if step == "prepare-cdi-written" else []
+    assert node.cdi_files() == leftover
+
+    start_plugin()
+    assert_clean(node)  # the leftover spec is gone at start
+    kubelet = KubeletClient(node.registration_socket)
+    answer = kubelet.prepare([claim])  # the kubelet retries
+    assert answer.claims[uid].error == ""
+    assert node.checkpoint()["claims"][uid]["checkpointState"] == "PrepareCompleted"
+    assert kubelet.unprepare([claim]).claims[uid].error == ""
+    assert_clean(node)
+    kubelet.close()
+
+
 @pytest.mark.parametrize("step", UNPREPARE_STEPS)
 def test_killed_during_unprepare(
     step: str, start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory

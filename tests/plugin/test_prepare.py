@@ -175,6 +175,9 @@ def test_device_of_another_claim_is_refused(
         error = answer.claims[other.uid].error
         assert "already allocated to different claim" in error and first.name in error, error
     assert set(node.checkpoint()["claims"]) == {first.uid}
+    # `second`, a whole GPU as it is, is checked with its completed record after its spec was written: the
+    # refusal removes that spec and leaves the first claim's alone
+    assert node.cdi_files() == [f"k8s.gpu.nvidia.com-claim_{first.uid}.json"]
     kubelet.unprepare([first])
     assert kubelet.prepare([second]).claims[second.uid].error == ""  # free again
     kubelet.unprepare([second])
