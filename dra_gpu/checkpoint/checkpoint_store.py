@@ -146,7 +146,7 @@ class PreparedGroup:
 
     def to_json(self, *, detached: bool = True) -> JsonDict:
         """The group as JSON; `detached=False` shares the nested state instead of copying it, for a caller
-        that only encodes the result (the checkpoint write, three per prepare)."""
+        that only encodes the result (the checkpoint write: one to three per prepare)."""
         same: Callable[[Any], Any] = copy.deepcopy if detached else _unchanged
         out: JsonDict = dict(self.extra)
         out.update(devices=list(self.devices), state=same(dict(self.state)))
@@ -509,7 +509,7 @@ class CheckpointStore:
         """Replace the file atomically; `durable=False` skips the fsyncs (see `atomic_write`): for the records
         of a prepare in progress, which only a process crash (not a power loss) can leave behind."""
         # Compact: without `indent` the json module encodes in C, several times faster than its Python
-        # encoder, and a prepare writes the whole file three times (`jq . checkpoint.json` to read it).
+        # encoder, and a prepare writes the whole file up to three times (`jq . checkpoint.json` to read it).
         # Not detached: json's C encoder reads the shared state without releasing the GIL, so no other thread
         # changes it meanwhile (a deep copy, Python code, could be interrupted halfway).
         wire = checkpoint.to_json(detached=False)
