@@ -1,4 +1,5 @@
-"""Replace a file atomically and durably (temp file, fsync, rename, fsync of the directory)."""
+"""Replace a file atomically and durably (temp file, fsync, rename, fsync of the directory), or atomically
+only (temp file swapped in, no fsync)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,16 @@
 """Crash-safe record of which claims this node has prepared, and how.
 
 One JSON file (`checkpoint.json` in the plugin directory) holds, per claim UID, a two-phase state:
-`PrepareStarted` (written before anything is changed on the node: the devices are reserved) and
+`PrepareStarted` (written before anything is changed on the node: the devices are reserved; a prepare that
+changes nothing but its CDI spec skips it) and
 `PrepareCompleted` (everything done, the response is stored so a repeated Prepare returns it unchanged). Each
 sharing group's `state` is recorded as soon as the group is prepared, so an interrupted Prepare can be undone
 after a restart.
 
 Guarantees:
 - Atomic replacement: temp file in the same directory, rename (with `durable`, fsync of the file before and
-  of the directory after; the prepare service's records skip them, see `PrepareService._commit`). A failed
+  of the directory after; the prepare service's records skip them, see `PrepareService._commit`, and are
+  swapped in with RENAME_EXCHANGE, see `atomic_write`). A failed
   write (disk full, read-only) raises `CheckpointWriteError` and leaves the previous file as it was.
 - One writer per node: `locked()` takes an in-process lock and an `flock` on `checkpoint.lock`, so two
   plugin instances (rolling update) never interleave their read-modify-write cycles. Each cycle is short;
@@ -16,9 +18,9 @@ Guarantees:
   that queued while a write was under way in one cycle (group commit), so a burst of prepares costs one write
   per write in progress, not one per update.
 - Cheap reads on the prepare path: `read(shared=True)` gives the file as this process last wrote it, kept
-  parsed, while the file is still that one (same inode, size and mtime: every write renames a new inode into
-  place, ours or another instance's). Its entries are shared with the cache and must not be changed in place
-  (replace them); a plain `read()` parses the file into objects of the caller's own.
+  parsed, while the file is still that one (one `stat`: same inode, size and mtime; every write puts a new
+  inode in place, ours or another instance's). Its entries are shared with the cache and must not be changed
+  in place (replace them); a plain `read()` parses the file into objects of the caller's own.
 - Forward compatibility: fields this version does not know are kept (top level, per claim, per device, per
   group) and written back unchanged.
 - Reboots: the boot id is recorded; a checkpoint from another boot reads as empty, and its claims are offered

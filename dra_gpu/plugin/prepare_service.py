@@ -7,8 +7,10 @@ Prepare of one claim (kubelet semantics, k8s-dra-api §7; NVIDIA's flow, nvidia-
 3. Map device names to the node's device model, decode and resolve the opaque configs into groups.
 4. Under the locks of the claim's GPUs (`GpuLocks`: prepares of other GPUs go on meanwhile): roll back a
    claim left `PrepareStarted`; refuse devices that another claim holds (unless admin access) and write
-   `PrepareStarted`, both in one checkpoint update.
-5. Per group `SharingManager.prepare_group`, checkpointing each group's undo state as soon as it exists.
+   `PrepareStarted`, both in one checkpoint update. A claim that takes its devices as they are (whole GPUs
+   and existing MIG devices, no config, no share) skips this write: the refusal goes with step 6.
+5. Per group `SharingManager.prepare_group`, checkpointing each group's undo state as soon as it exists (a
+   group that changed nothing is recorded with step 6).
 6. Write the CDI spec, then `PrepareCompleted` with the answer.
 Any failure after step 4 rolls back what was done (groups in reverse, CDI file, checkpoint entry). Errors are
 returned per claim, never for the whole batch, and name the claim and the cause.
@@ -802,10 +804,11 @@ class PrepareService:
             with self._locked(ref):
                 entry = self._entry(ref)
                 if entry is None:
-                    # A leftover from an interrupted earlier attempt, if any. Removed in the same hold of the
-                    # checkpoint lock that found no entry: a prepare of this claim writes its spec only after
-                    # its `PrepareStarted` update, so this never removes the spec of a prepare running
-                    # meanwhile.
+                    # A leftover from an interrupted earlier attempt, if any. No prepare of this claim runs
+                    # meanwhile in this process (its claim lock is held). Across processes, a prepare that
+                    # reserves writes its spec only after its `PrepareStarted` update, seen here under the
+                    # checkpoint lock; one that takes its devices as they are records nothing before its spec,
+                    # and the kubelet does not unprepare a claim while a prepare of it is in flight.
                     self.cdi.remove(ref.uid)
                     return
         with self._gpus_locked(ref, *self._gpu_keys(entry)):
