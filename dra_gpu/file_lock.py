@@ -29,19 +29,23 @@ def open_lock_file(
 ) -> int:
     """A descriptor for `path` (created with its directory when missing). With `allow_read_only`, a read-only
     file system still allows locking an existing file (reads keep working there). Raises OSError."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
     try:
-        try:
-            return os.open(path, flags, mode)
-        except FileNotFoundError:
-            # Only the first lock in a new directory makes it: a mkdir on every lock was two system calls
-            # per lock, each a point where a prepare thread gives up the GIL (bench_side_by_side's waves).
-            path.parent.mkdir(parents=True, exist_ok=True, mode=dir_mode)
-            return os.open(path, flags, mode)
+        return _open_making_directory(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode, dir_mode)
     except OSError:
         if not allow_read_only:
             raise
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _open_making_directory(path: Path, flags: int, mode: int, dir_mode: int) -> int:
+    """os.open, making the file's directory when it is missing. Only the first lock in a new directory makes
+    it: a mkdir before every lock was two system calls per lock, each a point where a prepare thread gives up
+    the GIL (bench_side_by_side's waves)."""
+    try:
+        return os.open(path, flags, mode)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=dir_mode)
+        return os.open(path, flags, mode)
 
 
 def lock_fd(fd: int, *, exclusive: bool = True, timeout_s: float | None = None) -> None:
@@ -123,11 +127,7 @@ class LockFile:
         with self._open_lock:
             if self._fd is None:
                 flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC
-                try:
-                    fd = os.open(self.path, flags, self._mode)
-                except FileNotFoundError:  # the first lock in a new directory
-                    self.path.parent.mkdir(parents=True, exist_ok=True, mode=self._dir_mode)
-                    fd = os.open(self.path, flags, self._mode)
+                fd = _open_making_directory(self.path, flags, self._mode, self._dir_mode)
                 self._fd = fd
                 self._finalizer = weakref.finalize(self, os.close, fd)
             return self._fd

@@ -311,7 +311,6 @@ class CheckpointStore:
         self._depth = 0
         self._owner: int | None = None  # the thread inside locked()
         self._lock_file = LockFile(self.lock_path)  # one descriptor, kept (see LockFile)
-        self._lock_held = False
         self._last: tuple[tuple[int, int, int], Checkpoint] | None = None  # (file identity, what it holds)
         self._pending_lock = threading.Lock()
         self._pending: list[_Update] = []  # update_claim's changes not yet written
@@ -333,7 +332,6 @@ class CheckpointStore:
         try:
             if self._depth == 0:
                 self._take_file_lock()
-                self._lock_held = True
                 self._owner = threading.get_ident()
             self._depth += 1
             try:
@@ -342,9 +340,7 @@ class CheckpointStore:
                 self._depth -= 1
                 if self._depth == 0:
                     self._owner = None
-                    if self._lock_held:
-                        self._lock_file.release()
-                        self._lock_held = False
+                    self._lock_file.release()  # taken by the outermost entry, which got here
         finally:
             self._thread_lock.release()
 
