@@ -36,11 +36,13 @@ class CdiSpecWriter:
         data = (json.dumps(spec) + "\n").encode()
         try:
             atomic_write(path, data, error=CdiWriteError, mode=0o644, durable=False)
-        except CdiWriteError:
-            if self.cdi_root.is_dir():
+        except CdiWriteError as exc:
+            if not isinstance(exc.__cause__, FileNotFoundError):
                 raise
             # The CDI root is made when a write finds it missing (first use, a cleared tmpfs) rather than
             # checked before every write: a prepare's system calls are where its thread gives up the GIL.
+            # Whether it is there now does not matter: a concurrent prepare that failed the same way may have
+            # just made it, and this write still has to be tried again.
             try:
                 self.cdi_root.mkdir(parents=True, exist_ok=True, mode=0o755)
             except OSError as exc:

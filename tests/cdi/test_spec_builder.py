@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dra_gpu.cdi import spec_writer
 from dra_gpu.cdi.driver_discovery import (
     MigCapabilityError,
     discover_driver_edits,
@@ -234,6 +235,31 @@ def test_writer_makes_the_cdi_root_again_when_it_was_cleared(tmp_path: Path) -> 
     assert os.listdir(tmp_path / "cdi") == [spec_file_name(UID)]
     subprocess.run(["rm", "-rf", str(tmp_path / "cdi")], check=True)  # a tmpfs /var/run/cdi after a remount
     assert json.loads(writer.write(UID, _valid()).read_text()) == _valid()
+
+
+def test_writer_retries_when_a_concurrent_prepare_made_the_missing_cdi_root_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two prepares find the CDI root missing; the other one makes it before this one looks. This write
+    must still be tried again, not refused because the directory is there now (CI saw that refusal)."""
+    root = tmp_path / "cdi"
+    other_uid = "0b0b0b0b-0000-4000-8000-000000000000"
+    real_write = spec_writer.atomic_write
+    interleaved = []
+
+    def write_then_let_the_other_prepare_in(path: Path, data: bytes, **kwargs: Any) -> os.stat_result:
+        try:
+            return real_write(path, data, **kwargs)
+        except CdiWriteError:
+            if not interleaved and other_uid not in path.name:
+                interleaved.append(path)
+                CdiSpecWriter(root).write(other_uid, _valid())  # makes the root, then writes its spec
+            raise
+
+    monkeypatch.setattr(spec_writer, "atomic_write", write_then_let_the_other_prepare_in)
+    written = CdiSpecWriter(root).write(UID, _valid())
+    assert interleaved and json.loads(written.read_text()) == _valid()
+    assert sorted(os.listdir(root)) == sorted([spec_file_name(UID), spec_file_name(other_uid)])
 
 
 def test_writer_refuses_an_invalid_spec_and_writes_nothing(tmp_path: Path) -> None:
