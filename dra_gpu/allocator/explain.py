@@ -8,23 +8,84 @@ matching devices of every node are reported.
 from __future__ import annotations
 
 import gc
-from collections.abc import Hashable, Mapping, Sequence
+import itertools
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from dra_gpu.allocator.claims import DeviceClassSpec
 from dra_gpu.allocator.matching import SelectorSet
 from dra_gpu.allocator.model import AllocatedDevice, ClaimSpec, DeviceRequestSpec, Pool, Rejection
-from dra_gpu.allocator.node_equivalence import carry_over, equivalence_key
+from dra_gpu.allocator.node_equivalence import RenamedRejections, carry_over, equivalence_key
 from dra_gpu.allocator.pools import Node, SliceIndex
 from dra_gpu.allocator.search import DEFAULT_STEP_LIMIT, Existing, NodeAllocator, NodeResult
+
+
+class RejectionRuns(Sequence[Rejection]):
+    """The rejections of one request over all nodes, in node order, kept as the runs they came in: each
+    node's own list, or a searched node's list renamed for a node carried over from it. Over 1,000 identical
+    nodes that is 1,000 views of one list instead of ~800,000 objects; `explain -o json` writes a renamed
+    run from one encoding of its source (`cli.explain_json`)."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self, items: Iterable[Rejection] = ()) -> None:
+        self.runs: list[Sequence[Rejection]] = []
+        self.extend(items)
+
+    def append(self, rejection: Rejection) -> None:
+        last = self.runs[-1] if self.runs else None
+        if isinstance(last, list):
+            last.append(rejection)
+        else:
+            self.runs.append([rejection])
+
+    def extend(self, items: Iterable[Rejection]) -> None:
+        runs = items.runs if isinstance(items, RejectionRuns) else [items]
+        for run in runs:
+            if isinstance(run, RenamedRejections):
+                if run:
+                    self.runs.append(run)
+                continue
+            last = self.runs[-1] if self.runs else None
+            if isinstance(last, list):
+                last.extend(run)
+            else:
+                copied = list(run)
+                if copied:
+                    self.runs.append(copied)
+
+    def __len__(self) -> int:
+        return sum(len(run) for run in self.runs)
+
+    def __iter__(self) -> Iterator[Rejection]:
+        return itertools.chain.from_iterable(self.runs)
+
+    @overload
+    def __getitem__(self, index: int) -> Rejection: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Rejection]: ...
+
+    def __getitem__(self, index: int | slice) -> Rejection | Sequence[Rejection]:
+        return list(self)[index]  # not on a hot path: JSON and the table iterate
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"RejectionRuns({list(self)!r})"
 
 
 @dataclass
 class SubrequestExplanation:
     name: str
     matching: list[str] = field(default_factory=list)
-    rejected: list[Rejection] = field(default_factory=list)
+    rejected: RejectionRuns = field(default_factory=RejectionRuns)
     allocated: list[str] = field(default_factory=list)
 
 
@@ -32,7 +93,7 @@ class SubrequestExplanation:
 class RequestExplanation:
     name: str
     matching: list[str] = field(default_factory=list)
-    rejected: list[Rejection] = field(default_factory=list)
+    rejected: RejectionRuns = field(default_factory=RejectionRuns)
     allocated: list[str] = field(default_factory=list)
     subrequests: list[SubrequestExplanation] = field(default_factory=list)
 
@@ -230,7 +291,7 @@ def _request_explanation(
                 rejected_first[rejection.device] = Rejection(
                     rejection.device, f"{sub.name}: {rejection.reason}", rejection.kind
                 )
-    explanation.rejected = list(rejected_first.values())
+    explanation.rejected = RejectionRuns(rejected_first.values())
     explanation.allocated = [r.label for r in results if r.request.split("/")[0] == name]
     explanation.subrequests = subs
     return explanation

@@ -14,8 +14,10 @@ and rewrites the node's pool names in labels and reasons.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Iterator, Sequence
+from typing import overload
 
 from dra_gpu.allocator.model import Candidate, DeviceId, Pool, Rejection
 from dra_gpu.allocator.search import NodeResult, RequestReport
@@ -44,36 +46,25 @@ def equivalence_key(node: str, pools: Sequence[Pool], held: Collection[DeviceId]
 
 
 def carry_over(result: NodeResult, searched: Sequence[Pool], node: str, pools: Sequence[Pool]) -> NodeResult:
-    """The failed `result` of a node with `searched` pools, as the equivalent `node` with `pools` gets it."""
+    """The failed `result` of a node with `searched` pools, as the equivalent `node` with `pools` gets it.
+
+    The per-device rejections, by far the bulk of it (a DGX H100 node rejects ~800 devices for a 4-request
+    MIG claim), are not copied: they are the searched node's list read through the renaming
+    (`RenamedRejections`), made per device only when read one by one."""
     if result.success:
         raise ValueError("only a failed search carries over: a success allocates on the node searched")
-    renames = {a.name: b.name for a, b in zip(searched, pools, strict=True) if a.name != b.name}
-    # A pool name as a whole word ("node-7/gpu-0", "pool node-7 is ...", "node-7."), never inside a longer
-    # name (node-70, node-7.example)
-    longest_first = sorted(renames, key=len, reverse=True)
-    name_re = re.compile("|".join(rf"(?<![\w.-]){re.escape(n)}(?![\w-]|\.[\w-])" for n in longest_first))
+    renaming = PoolRenaming(searched, pools)
     device_of: dict[DeviceId, Candidate] = {}
-    label_of: dict[str, str] = {}
     for a, b in zip(searched, pools, strict=True):
         for ca, cb in zip(a.candidates, b.candidates, strict=True):
             device_of[ca.id] = cb
-            label_of[ca.label] = cb.label
-    rewritten: dict[str, str] = {}  # a node's reasons repeat: each distinct one is rewritten once
-
-    def text(value: str) -> str:
-        done = rewritten.get(value)
-        if done is None:
-            done = rewritten[value] = name_re.sub(lambda m: renames[m.group(0)], value) if renames else value
-        return done
-
-    def rejection(r: Rejection) -> Rejection:
-        return Rejection(label_of.get(r.device) or text(r.device), text(r.reason), r.kind)
+    text = renaming.text
 
     def report(r: RequestReport) -> RequestReport:
         return RequestReport(
             name=r.name,
             eligible=[device_of[c.id] for c in r.eligible],
-            rejected=[rejection(x) for x in r.rejected],
+            rejected=RenamedRejections(r.rejected, renaming),
             abort=r.abort,
             sequence=[device_of[x.id] if isinstance(x, Candidate) else text(x) for x in r.sequence],
             errors=[text(e) for e in r.errors],
@@ -87,8 +78,84 @@ def carry_over(result: NodeResult, searched: Sequence[Pool], node: str, pools: S
         results=[[] for _ in result.results],
         reports={key: report(r) for key, r in result.reports.items()},
         late_rejections={
-            key: {text(label): rejection(r) for label, r in by_label.items()}
+            key: {text(label): renaming.rejection(r) for label, r in by_label.items()}
             for key, by_label in result.late_rejections.items()
         },
         scheduler_error=result.scheduler_error,
     )
+
+
+class PoolRenaming:
+    """The pool names of a searched node swapped for those of an equivalent node, in device labels and in
+    reasons.
+
+    A pool name is replaced as a whole word ("node-7/gpu-0", "pool node-7 is ...", "node-7."), never inside a
+    longer name (node-70, node-7.example)."""
+
+    def __init__(self, searched: Sequence[Pool], pools: Sequence[Pool]) -> None:
+        self.searched = searched
+        self.pools = pools
+        self.renames = {a.name: b.name for a, b in zip(searched, pools, strict=True) if a.name != b.name}
+        self._label_of: dict[str, str] | None = None
+        self._rewritten: dict[str, str] = {}  # a node's reasons repeat: each distinct one is rewritten once
+
+    @functools.cached_property
+    def pattern(self) -> re.Pattern[str] | None:
+        """The renamed pool names as whole words, longest first; None when no name changes."""
+        return names_pattern(self.renames)
+
+    def text(self, value: str) -> str:
+        done = self._rewritten.get(value)
+        if done is None:
+            pattern, renames = self.pattern, self.renames
+            done = pattern.sub(lambda m: renames[m.group(0)], value) if pattern is not None else value
+            self._rewritten[value] = done
+        return done
+
+    def rejection(self, r: Rejection) -> Rejection:
+        if self._label_of is None:
+            self._label_of = {
+                ca.label: cb.label
+                for a, b in zip(self.searched, self.pools, strict=True)
+                for ca, cb in zip(a.candidates, b.candidates, strict=True)
+            }
+        return Rejection(self._label_of.get(r.device) or self.text(r.device), self.text(r.reason), r.kind)
+
+
+def names_pattern(names: Collection[str]) -> re.Pattern[str] | None:
+    """A pattern matching any of `names` as a whole pool name (see PoolRenaming); None for no names."""
+    if not names:
+        return None
+    longest_first = sorted(names, key=len, reverse=True)
+    return re.compile("|".join(rf"(?<![\w.-]){re.escape(n)}(?![\w-]|\.[\w-])" for n in longest_first))
+
+
+class RenamedRejections(Sequence[Rejection]):
+    """The rejections of a searched node as an equivalent node has them: `source` read through `renaming`.
+
+    Reading one makes it (no copy of the whole list is kept); `explain -o json` writes the whole run without
+    reading them one by one (`cli.explain_json`)."""
+
+    __slots__ = ("renaming", "source")
+
+    def __init__(self, source: Sequence[Rejection], renaming: PoolRenaming) -> None:
+        self.source = source
+        self.renaming = renaming
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    @overload
+    def __getitem__(self, index: int) -> Rejection: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Rejection]: ...
+
+    def __getitem__(self, index: int | slice) -> Rejection | Sequence[Rejection]:
+        if isinstance(index, slice):
+            return [self.renaming.rejection(r) for r in self.source[index]]
+        return self.renaming.rejection(self.source[index])
+
+    def __iter__(self) -> Iterator[Rejection]:
+        rejection = self.renaming.rejection
+        return (rejection(r) for r in self.source)

@@ -75,7 +75,8 @@ class RequestReport:
 
     name: str
     eligible: list[Candidate] = field(default_factory=list)
-    rejected: list[Rejection] = field(default_factory=list)
+    # a list for a node searched; the searched node's list renamed for one carried over (node_equivalence)
+    rejected: Sequence[Rejection] = field(default_factory=list)
     abort: str | None = None  # the request cannot be handled on this node at all (unknown DeviceClass)
     # The devices in the order the scheduler walks them, with errors where it would hit them: a string
     # entry is
@@ -160,7 +161,8 @@ class NodeAllocator:
         report = self.reports.get(key)
         if report is not None:
             return report
-        report = RequestReport(request.name)
+        rejected: list[Rejection] = []
+        report = RequestReport(request.name, rejected=rejected)
         device_class = self.classes.get(request.class_name)
         if device_class is None:
             report.abort = f"DeviceClass {request.class_name!r} not found"
@@ -174,7 +176,6 @@ class NodeAllocator:
         check_existing = bool(existing.exclusive or existing.shared) and not request.admin_access
         check_capacity = bool(request.capacity_requests)
         all_mode = request.all_devices
-        rejected = report.rejected
         eligible = report.eligible
         sequence = report.sequence
         verdict_of = selectors.verdict

@@ -11,7 +11,6 @@ and field, and for CEL the expression and the position).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from dra_gpu.allocator.pools import Node, SliceIndex
 from dra_gpu.allocator.replicate import replicate_slices
 from dra_gpu.allocator.search import Existing
 from dra_gpu.cel.release import MODELED_RELEASE, OLDEST_SUPPORTED, ReleaseError, parse_minor
+from dra_gpu.cli.explain_json import write_json
 from dra_gpu.config.quantity import format_quantity
 from dra_gpu.lint.manifests import Document, ManifestError, load_documents
 
@@ -166,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     if args.output == "json":
         indent = 2 if len(nodes) <= PRETTY_JSON_MAX_NODES else None  # None: json's C encoder, ~10x faster
-        print(json.dumps(_to_json(explanations, inventory, notes, len(nodes)), indent=indent))
+        write_json(_to_json(explanations, inventory, notes, len(nodes)), sys.stdout, indent=indent)
     else:
         print(_to_table(explanations, inventory, notes, len(nodes), args.verbose))
     return EXIT_OK if all(e.allocatable for e in explanations) else EXIT_NOT_ALLOCATABLE
@@ -470,7 +470,7 @@ def _request_json(request: RequestExplanation) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": request.name,
         "matching": request.matching,
-        "rejected": [{"device": r.device, "reason": r.reason, "kind": r.kind} for r in request.rejected],
+        "rejected": request.rejected,  # streamed by write_json: a list of {device, reason, kind}
         "allocated": request.allocated,
     }
     if request.subrequests:
@@ -479,7 +479,7 @@ def _request_json(request: RequestExplanation) -> dict[str, Any]:
                 "name": s.name,
                 "matching": s.matching,
                 "allocated": s.allocated,
-                "rejected": [{"device": r.device, "reason": r.reason, "kind": r.kind} for r in s.rejected],
+                "rejected": s.rejected,
             }
             for s in request.subrequests
         ]
