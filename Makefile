@@ -41,6 +41,7 @@ venv: $(STAMP)
 
 lint: venv
 	$(BIN)/ruff check dra_gpu tests e2e bench
+	$(BIN)/ruff format --check dra_gpu tests e2e bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python -m dra_gpu.plugin.protos.generate --check

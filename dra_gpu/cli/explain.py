@@ -57,6 +57,7 @@ class UsageError(Exception):
 
 PRETTY_JSON_MAX_NODES = 100
 
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "explain",

@@ -359,8 +359,10 @@ def test_edits_json_round_trip() -> None:
     edits = CdiEdits(
         env=("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40"),
         mounts=(CdiMount("/var/lib/kubelet/plugins/gpu.nvidia.com/mps/x/pipe", "/tmp/nvidia-mps"),),
-        device_nodes=(CdiDeviceNode("/dev/nvidia-caps/nvidia-cap3", "/host/dev/nvidia-caps/nvidia-cap3"),
-                      CdiDeviceNode("/dev/nvidia3")),
+        device_nodes=(
+            CdiDeviceNode("/dev/nvidia-caps/nvidia-cap3", "/host/dev/nvidia-caps/nvidia-cap3"),
+            CdiDeviceNode("/dev/nvidia3"),
+        ),
     )
     data = json.loads(json.dumps(edits_to_json(edits)))
     assert edits_from_json(data) == edits

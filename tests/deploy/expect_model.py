@@ -58,15 +58,20 @@ class DeviceExpectation(_Strict):
     type: DeviceType = Field(description="value of the device attribute gpu.nvidia.com/type for every device")
     request: str | None = Field(
         default=None,
-        description="every result's request must equal this, e.g. 'gpu/h100' for a firstAvailable subrequest")
+        description="every result's request must equal this, e.g. 'gpu/h100' for a firstAvailable subrequest",
+    )
     profiles: list[str] | None = Field(
-        default=None, description="MIG profiles of the devices, as a multiset (order does not matter)")
+        default=None, description="MIG profiles of the devices, as a multiset (order does not matter)"
+    )
     sameAttribute: list[str] = Field(
-        default_factory=list, description="attributes whose value is the same on every device")
+        default_factory=list, description="attributes whose value is the same on every device"
+    )
     attributes: dict[str, str] = Field(
-        default_factory=dict, description="attribute -> regex that must match (re.search) the value as text")
+        default_factory=dict, description="attribute -> regex that must match (re.search) the value as text"
+    )
     minCapacity: dict[str, Quantity] = Field(
-        default_factory=dict, description="capacity name -> lower bound every device must meet")
+        default_factory=dict, description="capacity name -> lower bound every device must meet"
+    )
 
     @field_validator("attributes")
     @classmethod
@@ -89,10 +94,12 @@ class ContainerExpectation(_Strict):
     name: DnsLabel
     devices: DeviceExpectation | None = None
     env: dict[str, str] = Field(
-        default_factory=dict, description="variable -> regex that must fully match its value ('.+': set)")
+        default_factory=dict, description="variable -> regex that must fully match its value ('.+': set)"
+    )
     envAbsent: list[str] = Field(default_factory=list)
     deviceNodes: dict[str, int] = Field(
-        default_factory=dict, description="glob (fnmatch) -> exact number of listed paths that match it")
+        default_factory=dict, description="glob (fnmatch) -> exact number of listed paths that match it"
+    )
 
     @field_validator("env")
     @classmethod
@@ -129,11 +136,14 @@ class PodExpectation(_Strict):
     count: int = Field(default=1, ge=1)
     phase: PodPhase | None = None
     phases: dict[PodPhase, int] | None = Field(
-        default=None, description="how many of the matched pods end in each phase")
+        default=None, description="how many of the matched pods end in each phase"
+    )
     events: list[EventExpectation] = Field(
-        default_factory=list, description="events every matched pod that ends Pending must have")
+        default_factory=list, description="events every matched pod that ends Pending must have"
+    )
     containers: list[ContainerExpectation] = Field(
-        default_factory=list, description="checked on every matched pod that ends Running or Succeeded")
+        default_factory=list, description="checked on every matched pod that ends Running or Succeeded"
+    )
 
     @model_validator(mode="after")
     def _one_way(self) -> PodExpectation:
@@ -190,7 +200,8 @@ class HardwareExpectation(_Strict):
     mpsDaemon: bool | None = Field(default=None, description="whether an MPS control daemon serves it")
     mps: MpsExpectation | None = None
     migInstances: list[str] | None = Field(
-        default=None, description="profiles of the MIG instances created for the claim (multiset)")
+        default=None, description="profiles of the MIG instances created for the claim (multiset)"
+    )
 
     @model_validator(mode="after")
     def _mps_needs_daemon(self) -> HardwareExpectation:
@@ -205,15 +216,18 @@ class ClaimExpectation(_Strict):
     reservedFor: int | None = Field(default=None, ge=0, description="number of entries in status.reservedFor")
     devices: DeviceExpectation | None = None
     consumedCapacity: dict[str, Quantity] | None = Field(
-        default=None, description="consumedCapacity of every allocation result (consumable capacity)")
+        default=None, description="consumedCapacity of every allocation result (consumable capacity)"
+    )
     hardware: HardwareExpectation | None = None
 
     @model_validator(mode="after")
     def _unallocated_has_nothing(self) -> ClaimExpectation:
         others = (self.devices, self.consumedCapacity, self.hardware, self.reservedFor)
         if not self.allocated and any(x is not None for x in others):
-            raise ValueError("a claim expected to stay unallocated cannot have devices, consumedCapacity, "
-                             "hardware or reservedFor expectations")
+            raise ValueError(
+                "a claim expected to stay unallocated cannot have devices, consumedCapacity, "
+                "hardware or reservedFor expectations"
+            )
         return self
 
 
@@ -234,8 +248,10 @@ class Footprint(_Strict):
 
 class Cleanup(_Strict):
     hardwareReset: bool = Field(
-        default=True, description="after deletion every GPU is back to baseline: compute mode DEFAULT, time "
-        "slice 0, no MPS daemon, no MIG instance made for a claim")
+        default=True,
+        description="after deletion every GPU is back to baseline: compute mode DEFAULT, time "
+        "slice 0, no MPS daemon, no MIG instance made for a claim",
+    )
 
 
 class Expectation(_Strict):
@@ -247,7 +263,8 @@ class Expectation(_Strict):
         default_factory=list,
         description="what an admin does on the node out of band before the example (NVIDIA's READMEs: MIG "
         "mode, a mig-parted layout), as nvidia-smi argument lists run in this order on a fresh simulated "
-        "node of `hardware`")
+        "node of `hardware`",
+    )
     namespace: DnsLabel
     manifests: list[str] = Field(min_length=1, description="files applied in this order")
     footprint: Footprint
@@ -257,9 +274,11 @@ class Expectation(_Strict):
     pods: list[PodExpectation] = Field(default_factory=list)
     claims: list[ClaimExpectation] = Field(default_factory=list)
     sameDevices: list[list[ContainerRef]] = Field(
-        default_factory=list, description="groups of containers that see exactly the same devices")
+        default_factory=list, description="groups of containers that see exactly the same devices"
+    )
     distinctDevices: list[list[ContainerRef]] = Field(
-        default_factory=list, description="groups of containers whose devices do not overlap")
+        default_factory=list, description="groups of containers whose devices do not overlap"
+    )
     cleanup: Cleanup = Field(default_factory=Cleanup)
 
     @model_validator(mode="after")
@@ -290,8 +309,9 @@ def load_expectation(path: Path) -> Expectation:
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
             lines.append(f"  {where}: {err['msg']}")
-        raise ExpectationError(f"{path}: does not fit the expect.yaml schema (examples/README.md):\n"
-                               + "\n".join(lines)) from exc
+        raise ExpectationError(
+            f"{path}: does not fit the expect.yaml schema (examples/README.md):\n" + "\n".join(lines)
+        ) from exc
 
 
 def json_schema() -> dict[str, Any]:

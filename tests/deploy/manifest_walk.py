@@ -16,13 +16,30 @@ DRIVER = "gpu.nvidia.com"
 # DeviceClass -> value of the device attribute `type` it selects (the chart's classes).
 CLASS_TYPES = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig", "gpu-share.nvidia.com": "gpu-share"}
 CLUSTER_SCOPED = {
-    "Namespace", "DeviceClass", "ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration",
-    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "PriorityClass",
+    "Namespace",
+    "DeviceClass",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "PriorityClass",
 }
 # The substitution contract with the end-to-end suite: images are replaced by a local busybox, so a container
 # script may only use shell built-ins and these busybox applets.
 SCRIPT_COMMANDS = {
-    "echo", "env", "sort", "ls", "cat", "sleep", "trap", "wait", "true", "exit", "printf", "test",
+    "echo",
+    "env",
+    "sort",
+    "ls",
+    "cat",
+    "sleep",
+    "trap",
+    "wait",
+    "true",
+    "exit",
+    "printf",
+    "test",
 }
 
 
@@ -77,12 +94,20 @@ def pod_sources(docs: list[Doc]) -> Iterator[PodSource]:
             yield PodSource(doc, body["spec"], dict(body["metadata"].get("labels", {})), 1)
         elif doc.kind in ("Deployment", "StatefulSet", "ReplicaSet"):
             template = body["spec"]["template"]
-            yield PodSource(doc, template["spec"], dict(template["metadata"].get("labels", {})),
-                            int(body["spec"].get("replicas", 1)))
+            yield PodSource(
+                doc,
+                template["spec"],
+                dict(template["metadata"].get("labels", {})),
+                int(body["spec"].get("replicas", 1)),
+            )
         elif doc.kind == "Job":
             template = body["spec"]["template"]
-            yield PodSource(doc, template["spec"], dict(template["metadata"].get("labels", {})),
-                            int(body["spec"].get("parallelism", 1)))
+            yield PodSource(
+                doc,
+                template["spec"],
+                dict(template["metadata"].get("labels", {})),
+                int(body["spec"].get("parallelism", 1)),
+            )
 
 
 def claim_spec(doc: Doc) -> dict[str, Any] | None:

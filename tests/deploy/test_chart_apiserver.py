@@ -59,10 +59,12 @@ def _create(api_client: Any, doc: dict[str, Any], namespace: str, dry_run: bool)
     create(api_client, doc, namespace=namespace, **kwargs)
 
 
-@pytest.mark.parametrize("sets", [(), ("hardware=dgx-h100", "webhook.tls.mode=helm")],
-                         ids=["default", "simulated"])
-def test_api_server_accepts_every_rendered_object(kube_apiserver: Any, namespace: str,
-                                                  sets: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "sets", [(), ("hardware=dgx-h100", "webhook.tls.mode=helm")], ids=["default", "simulated"]
+)
+def test_api_server_accepts_every_rendered_object(
+    kube_apiserver: Any, namespace: str, sets: tuple[str, ...]
+) -> None:
     from kubernetes.client.exceptions import ApiException
 
     api_client = kube_apiserver.api_client()
@@ -94,8 +96,12 @@ def _slice(name: str, node: str, driver: str = "gpu.nvidia.com", pool: str | Non
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
         "metadata": {"name": name},
-        "spec": {"driver": driver, "nodeName": node, "pool": {"name": pool or node, "generation": 1,
-                                                              "resourceSliceCount": 1}, "devices": []},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": pool or node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
     }
 
 
@@ -121,8 +127,13 @@ def test_plugin_may_write_only_its_own_nodes_slices(kube_apiserver: Any, namespa
     admin = kube_apiserver.api_client()
     created: list[dict[str, Any]] = []
     for doc in docs:
-        if doc["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-                           "ValidatingAdmissionPolicyBinding"):
+        if doc["kind"] in (
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        ):
             _create(admin, doc, namespace, dry_run=False)
             created.append(doc)
     sa = next(d for d in docs if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
@@ -131,6 +142,7 @@ def test_plugin_may_write_only_its_own_nodes_slices(kube_apiserver: Any, namespa
     admin_resource: Any = client.ResourceV1Api(admin)
     suffix = uuid.uuid4().hex[:6]
     try:
+
         def own_slice_allowed() -> str | None:
             try:
                 on_a.create_resource_slice(_slice(f"a-{suffix}", "node-a"))

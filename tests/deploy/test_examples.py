@@ -51,7 +51,8 @@ def test_there_are_examples() -> None:
 
 def test_json_schema_file_is_current() -> None:
     assert SCHEMA_FILE.read_text() == render_json_schema(), (
-        "examples/expect.schema.json is stale: run .venv/bin/python tests/deploy/expect_model.py --write")
+        "examples/expect.schema.json is stale: run .venv/bin/python tests/deploy/expect_model.py --write"
+    )
 
 
 @pytest.mark.parametrize("example", EXAMPLE_DIRS, ids=lambda p: p.name)
@@ -71,7 +72,8 @@ def test_manifests_are_well_formed(example: Path) -> None:
     expect, docs = _load(example)
     first = docs[0]
     assert (first.kind, first.name) == ("Namespace", expect.namespace), (
-        f"{first.where()}: the first object must be the example's Namespace {expect.namespace!r}")
+        f"{first.where()}: the first object must be the example's Namespace {expect.namespace!r}"
+    )
     seen: set[tuple[str, str]] = set()
     for doc in docs:
         assert doc.body.get("apiVersion") and doc.kind and doc.name, f"{doc.where()}: apiVersion/kind/name?"
@@ -95,7 +97,8 @@ def _check_requests(doc: Doc, spec: dict[str, Any]) -> None:
         for sub in subs:
             assert sub["deviceClassName"] in CLASS_TYPES, (
                 f"{doc.where()}: unknown DeviceClass {sub['deviceClassName']!r}; "
-                f"the chart installs {sorted(CLASS_TYPES)}")
+                f"the chart installs {sorted(CLASS_TYPES)}"
+            )
     names = request_names(spec)
     for section in ("config", "constraints"):
         for entry in spec.get("devices", {}).get(section, []):
@@ -133,7 +136,8 @@ def test_claims_and_configs(example: Path) -> None:
             assert want.kind == doc.kind, f"{doc.where()}: rejected entry says kind {want.kind}"
             assert errors, f"{doc.where()}: listed as rejected but the driver's config decoder accepts it"
             assert any(re.search(want.messageRegex, e) for e in errors), (
-                f"{doc.where()}: no error matches {want.messageRegex!r}: {errors}")
+                f"{doc.where()}: no error matches {want.messageRegex!r}: {errors}"
+            )
         else:
             assert not errors, f"{doc.where()}: invalid opaque config: {errors}"
     kinds_names = {(d.kind, d.name) for d in docs}
@@ -141,8 +145,9 @@ def test_claims_and_configs(example: Path) -> None:
         assert (r.kind, r.name) in kinds_names, f"rejected object {r.kind}/{r.name} is not in the manifests"
 
 
-def _check_pod_spec(src: PodSource, claims: dict[tuple[str, str], dict[str, Any]],
-                    rejected: set[tuple[str, str]]) -> None:
+def _check_pod_spec(
+    src: PodSource, claims: dict[tuple[str, str], dict[str, Any]], rejected: set[tuple[str, str]]
+) -> None:
     where = src.doc.where()
     pod_claims: dict[str, dict[str, Any]] = {}
     for pc in src.spec.get("resourceClaims", []):
@@ -159,14 +164,16 @@ def _check_pod_spec(src: PodSource, claims: dict[tuple[str, str], dict[str, Any]
         assert "imagePullPolicy" not in ctr, f"{cwhere}: leave imagePullPolicy to the e2e substitution"
         command = ctr.get("command", [])
         assert command[:2] == ["sh", "-c"] and len(command) == 3 and "args" not in ctr, (
-            f"{cwhere}: command must be [sh, -c, <script>] so that busybox can run it")
+            f"{cwhere}: command must be [sh, -c, <script>] so that busybox can run it"
+        )
         unknown = set(script_commands(command[2])) - SCRIPT_COMMANDS
         assert not unknown, f"{cwhere}: commands {sorted(unknown)} are outside the busybox contract"
         for ref in ctr.get("resources", {}).get("claims", []):
             assert ref["name"] in pod_claims, f"{cwhere}: claim {ref['name']} is not a pod resourceClaim"
             if "request" in ref:
                 assert ref["request"] in request_names(pod_claims[ref["name"]]), (
-                    f"{cwhere}: request {ref['request']} is not in claim {ref['name']}")
+                    f"{cwhere}: request {ref['request']} is not in claim {ref['name']}"
+                )
 
 
 @pytest.mark.parametrize("example", EXAMPLE_DIRS, ids=lambda p: p.name)
@@ -192,7 +199,8 @@ def _find_pods(expect: Expectation, docs: list[Doc]) -> dict[str, PodSource]:
             assert len(hits) == 1, f"selector {pod.selector} must match one workload, matched {len(hits)}"
             assert hits[0].replicas == pod.count, (
                 f"selector {pod.selector}: count {pod.count}, "
-                f"but {hits[0].doc.where()} makes {hits[0].replicas} pods")
+                f"but {hits[0].doc.where()} makes {hits[0].replicas} pods"
+            )
             found[str(pod.selector)] = hits[0]
     return found
 
@@ -228,8 +236,13 @@ def test_expectations_match_manifests(example: Path) -> None:
         assert cref.podClaim in names, f"claim ref {cref}: no pod claim {cref.podClaim} in {sorted(names)}"
 
 
-def _check_device_type(src: PodSource, ctr_name: str, dev_type: str, request: str | None,
-                       claims: dict[tuple[str, str], dict[str, Any]]) -> None:
+def _check_device_type(
+    src: PodSource,
+    ctr_name: str,
+    dev_type: str,
+    request: str | None,
+    claims: dict[tuple[str, str], dict[str, Any]],
+) -> None:
     """The expected device type must be one the container's requests can produce."""
     ctr = next(c for c in src.spec["containers"] if c["name"] == ctr_name)
     refs = ctr.get("resources", {}).get("claims", [])
@@ -242,8 +255,11 @@ def _check_device_type(src: PodSource, ctr_name: str, dev_type: str, request: st
     by_name = {pc["name"]: pc for pc in src.spec.get("resourceClaims", [])}
     for ref in refs:
         pc = by_name[ref["name"]]
-        key = (("ResourceClaimTemplate", pc["resourceClaimTemplateName"]) if "resourceClaimTemplateName" in pc
-               else ("ResourceClaim", pc["resourceClaimName"]))
+        key = (
+            ("ResourceClaimTemplate", pc["resourceClaimTemplateName"])
+            if "resourceClaimTemplateName" in pc
+            else ("ResourceClaim", pc["resourceClaimName"])
+        )
         classes = request_classes(claims[key])
         for req_name, class_names in classes.items():
             if "request" in ref and req_name.split("/")[0] != ref["request"]:
@@ -261,28 +277,42 @@ def test_footprints_fit_the_simulated_node() -> None:
 
 
 BAD_EXPECTATIONS = [
-    ("schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
-     "pods: [{name: p, phase: Running, containers: [{name: c, devices: {count: 1, typ: gpu}}]}]\n",
-     "pods.0.containers.0.devices.typ: Extra inputs are not permitted"),
-    ("schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
-     "pods: [{name: p, phase: Running, containers: [{name: c, "
-     "devices: {count: 2, type: mig, profiles: [1g.10gb]}}]}]\n",
-     "profiles lists 1 entries but count is 2"),
-    ("schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
-     "pods: [{selector: {app: a}, count: 3, phases: {Running: 2}}]\n",
-     "phases add up to 2 pods but count is 3"),
-    ("schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
-     "pods: [{name: p, phase: Running, events: [{reason: R, messageRegex: 'x'}]}]\n",
-     "no pod is expected Pending"),
-    ("schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
-     "claims: [{ref: {pod: p}, allocated: false}]\n",
-     "together with podClaim"),
-    ("schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
-     "rejected: [{kind: ResourceClaim, name: c, messageRegex: '(unclosed'}]\n",
-     "is not a valid regular expression"),
-    ("schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
-     "claims: [{ref: {name: c}, consumedCapacity: {memory: ten}}]\n",
-     "claims.0.consumedCapacity.memory"),
+    (
+        "schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
+        "pods: [{name: p, phase: Running, containers: [{name: c, devices: {count: 1, typ: gpu}}]}]\n",
+        "pods.0.containers.0.devices.typ: Extra inputs are not permitted",
+    ),
+    (
+        "schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
+        "pods: [{name: p, phase: Running, containers: [{name: c, "
+        "devices: {count: 2, type: mig, profiles: [1g.10gb]}}]}]\n",
+        "profiles lists 1 entries but count is 2",
+    ),
+    (
+        "schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
+        "pods: [{selector: {app: a}, count: 3, phases: {Running: 2}}]\n",
+        "phases add up to 2 pods but count is 3",
+    ),
+    (
+        "schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
+        "pods: [{name: p, phase: Running, events: [{reason: R, messageRegex: 'x'}]}]\n",
+        "no pod is expected Pending",
+    ),
+    (
+        "schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
+        "claims: [{ref: {pod: p}, allocated: false}]\n",
+        "together with podClaim",
+    ),
+    (
+        "schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
+        "rejected: [{kind: ResourceClaim, name: c, messageRegex: '(unclosed'}]\n",
+        "is not a valid regular expression",
+    ),
+    (
+        "schemaVersion: 1\nname: x\nsummary: s\nnamespace: x\nmanifests: [a.yaml]\nfootprint: {gpus: 1}\n"
+        "claims: [{ref: {name: c}, consumedCapacity: {memory: ten}}]\n",
+        "claims.0.consumedCapacity.memory",
+    ),
 ]
 
 

@@ -96,16 +96,26 @@ def test_lint_accepts_example_except_rejected_objects(example: Path) -> None:
 def _explain(example: Path, expect: Expectation) -> dict[str, dict[str, Any]]:
     # an example that needs the driver's --consumable-shares gets nodes whose plugin runs with it
     shares = ["--consumable-shares", "memory"] if "consumable-shares" in expect.requires else []
-    out = _dra_gpu("explain", "--hardware", expect.hardware, "-o", "json", *shares,
-                   *[a for p in _manifest_paths(example, expect) for a in ("-f", p)])
+    out = _dra_gpu(
+        "explain",
+        "--hardware",
+        expect.hardware,
+        "-o",
+        "json",
+        *shares,
+        *[a for p in _manifest_paths(example, expect) for a in ("-f", p)],
+    )
     assert out.returncode in (0, 1), out.stderr
     return {c["name"]: c for c in json.loads(out.stdout)["claims"]}
 
 
 def _has_claims(example: Path, expect: Expectation) -> bool:
     rejected = {(r.kind, r.name) for r in expect.rejected}
-    return any(claim_spec(d) is not None and (d.kind, d.name) not in rejected
-               for name in expect.manifests for d in load_docs(example / name))
+    return any(
+        claim_spec(d) is not None and (d.kind, d.name) not in rejected
+        for name in expect.manifests
+        for d in load_docs(example / name)
+    )
 
 
 ALLOCATING = [p for p in EXAMPLE_DIRS if _has_claims(p, load_expectation(p / "expect.yaml"))]
@@ -120,7 +130,8 @@ def test_explain_allocates_what_the_example_expects(example: Path) -> None:
         if name in {r.name for r in expect.rejected}:
             continue
         assert claim["allocatable"] == (name not in unallocated), (
-            f"{name}: allocatable={claim['allocatable']}: {claim.get('reason')}")
+            f"{name}: allocatable={claim['allocatable']}: {claim.get('reason')}"
+        )
     for want in expect.claims:
         if want.allocated and (want.devices or want.consumedCapacity):
             _check_allocation(want, claims[_explain_name(example, expect, want)], _devices(expect.hardware))
@@ -134,7 +145,8 @@ def _explain_name(example: Path, expect: Expectation, want: ClaimExpectation) ->
     docs = [d for name in expect.manifests for d in load_docs(example / name)]
     for src in pod_sources(docs):
         if (ref.pod is not None and src.doc.kind == "Pod" and src.doc.name == ref.pod) or (
-                ref.podSelector is not None and ref.podSelector.items() <= src.labels.items()):
+            ref.podSelector is not None and ref.podSelector.items() <= src.labels.items()
+        ):
             pod_claim = next(pc for pc in src.spec["resourceClaims"] if pc["name"] == ref.podClaim)
             if "resourceClaimName" in pod_claim:
                 return str(pod_claim["resourceClaimName"])
@@ -144,8 +156,9 @@ def _explain_name(example: Path, expect: Expectation, want: ClaimExpectation) ->
     raise AssertionError(f"claim ref {ref} matches no pod in the manifests")
 
 
-def _check_allocation(want: ClaimExpectation, claim: dict[str, Any],
-                      devices: dict[str, dict[str, Any]]) -> None:
+def _check_allocation(
+    want: ClaimExpectation, claim: dict[str, Any], devices: dict[str, dict[str, Any]]
+) -> None:
     results = claim["allocation"]["devices"]["results"]
     got = [devices[r["device"]] for r in results]
     if want.devices is not None:

@@ -64,16 +64,22 @@ def _dockerignore_allows(path: str) -> bool:
             continue
         negate = rule.startswith("!")
         pattern = rule.lstrip("!").rstrip("/")
-        if fnmatch.fnmatch(path, pattern) or path.startswith(pattern + "/") or fnmatch.fnmatch(
-                path, pattern.replace("**/", "*/")):
+        if (
+            fnmatch.fnmatch(path, pattern)
+            or path.startswith(pattern + "/")
+            or fnmatch.fnmatch(path, pattern.replace("**/", "*/"))
+        ):
             allowed = negate
     return allowed
 
 
 def test_dockerfile_copies_only_existing_allowed_files() -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
-    copies = [line.split()[1:-1] for line in dockerfile.splitlines()
-              if line.startswith("COPY ") and "--from=" not in line]
+    copies = [
+        line.split()[1:-1]
+        for line in dockerfile.splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+    ]
     assert copies, "the Dockerfile copies nothing from the build context"
     build_script = (IMAGE_DIR / "build.sh").read_text()
     for sources in copies:
@@ -98,8 +104,14 @@ def test_build_script_explains_a_missing_builder(tmp_path: Path) -> None:
             if Path(base, tool).exists():
                 (bin_dir / tool).symlink_to(Path(base, tool))
                 break
-    out = subprocess.run([str(IMAGE_DIR / "build.sh")], capture_output=True, text=True, timeout=60,
-                         check=False, env={**os.environ, "PATH": str(bin_dir)})
+    out = subprocess.run(
+        [str(IMAGE_DIR / "build.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PATH": str(bin_dir)},
+    )
     assert out.returncode == 1
     for line in ("docker is not installed", "podman is not installed", "buildah is not installed"):
         assert line in out.stderr, out.stderr
@@ -110,8 +122,13 @@ def _pyproject_version() -> str:
 
 
 def test_cli_prints_its_version() -> None:
-    out = subprocess.run([sys.executable, "-m", "dra_gpu.cli.main", "--version"], capture_output=True,
-                         text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "dra_gpu.cli.main", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == f"dra-gpu {_pyproject_version()}"
 
 
@@ -120,15 +137,27 @@ def test_built_image_runs_both_entry_points() -> None:
     """The image `make image` built (buildah storage) runs `dra-gpu --version`, the webhook's and the plugin's
     entry points, as its default non-root user; skipped when that image is not there."""
     image = f"dra-gpu:{_pyproject_version()}"
-    if subprocess.run(["buildah", "inspect", "--type", "image", image], capture_output=True,
-                      check=False).returncode != 0:
+    if (
+        subprocess.run(
+            ["buildah", "inspect", "--type", "image", image], capture_output=True, check=False
+        ).returncode
+        != 0
+    ):
         pytest.skip(f"no image {image}: run `make image`")
-    ctr = subprocess.run(["buildah", "from", "--quiet", image], capture_output=True, text=True, check=True,
-                         timeout=120).stdout.strip()
+    ctr = subprocess.run(
+        ["buildah", "from", "--quiet", image], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.strip()
     try:
+
         def run(*argv: str) -> str:
-            return subprocess.run(["buildah", "run", "--isolation", "chroot", ctr, "--", *argv],
-                                  capture_output=True, text=True, check=True, timeout=120).stdout
+            return subprocess.run(
+                ["buildah", "run", "--isolation", "chroot", ctr, "--", *argv],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            ).stdout
+
         assert run("dra-gpu", "--version").strip() == f"dra-gpu {_pyproject_version()}"
         assert "--tls-cert-file" in run("dra-gpu", "webhook", "--help")
         assert "--nvidia-cdi-hook-path" in run("dra-gpu", "kubelet-plugin", "--help")

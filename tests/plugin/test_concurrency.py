@@ -164,7 +164,6 @@ def test_fractional_shares_of_one_gpu_are_prepared_side_by_side(
     kubelet.close()
 
 
-
 def test_repeated_calls_for_shares_of_one_gpu_each_get_one_daemon(
     start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
 ) -> None:

@@ -39,6 +39,7 @@ def test_container_root_is_read_and_host_root_is_written(
     assert str(node.driver_root) not in json.dumps(spec)
 
     gpu, mig = spec["devices"]
+
     def node_at(path: str) -> dict[str, str]:
         return {"path": path, "hostPath": f"{HOST_ROOT}{path}"}
 
@@ -75,8 +76,12 @@ def test_real_nvml_is_loaded_from_the_container_root(node: SimNode) -> None:
     """`--hardware real` loads libnvidia-ml.so.1 from the container root (the simulated root has a placeholder
     library, which fails to load: the error names the file it tried)."""
     done = run_plugin(
-        "--hardware", "real", "--nvidia-driver-root", HOST_ROOT,
-        "--container-driver-root", str(node.driver_root),
+        "--hardware",
+        "real",
+        "--nvidia-driver-root",
+        HOST_ROOT,
+        "--container-driver-root",
+        str(node.driver_root),
     )
     assert done.returncode == 1
     assert f"cannot load {node.driver_root}/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in done.stdout
