@@ -70,8 +70,12 @@ def _register_missing_tools(subparsers: Any, command: str, missing: str) -> None
         f"dra-gpu {command}: needs the optional CEL tools ({missing} is not installed); "
         "install them with: pip install 'dra-gpu[tools]'"
     )
-    parser = subparsers.add_parser(command, help="(not installed: pip install 'dra-gpu[tools]')")
-    parser.add_argument("ignored", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    # No option prefix: every argument ("-f claim.yaml", "--help") is taken as ignored text, so whatever the
+    # user typed ends in the message below, not in argparse's "unrecognized arguments: -f".
+    parser = subparsers.add_parser(
+        command, help="(not installed: pip install 'dra-gpu[tools]')", prefix_chars="\0", add_help=False
+    )
+    parser.add_argument("ignored", nargs="*", help=argparse.SUPPRESS)
     parser.set_defaults(func=lambda _args: sys.exit(message))
 
 

@@ -110,8 +110,15 @@ def test_explain_without_the_tools_extra_says_what_to_install() -> None:
     )
     assert helped.returncode == 0, helped.stderr
     assert "kubelet-plugin" in helped.stdout and "explain" in helped.stdout
-    ran = subprocess.run(
-        [sys.executable, "-c", script, "explain", "claim.yaml"], cwd=REPO_ROOT, capture_output=True, text=True
-    )
-    assert ran.returncode == 1
-    assert "pip install 'dra-gpu[tools]'" in ran.stderr and "celpy" in ran.stderr
+    # as users type them (a lent H100's node venv answered the first with "unrecognized arguments: -f")
+    for command in (
+        ["explain", "-f", "claim.yaml", "--hardware", "dgx-h100", "-o", "json"],
+        ["explain", "claim.yaml"],
+        ["lint", "--kubernetes-version", "1.34", "-f", "examples/"],
+        ["explain", "--help"],
+    ):
+        ran = subprocess.run(
+            [sys.executable, "-c", script, *command], cwd=REPO_ROOT, capture_output=True, text=True
+        )
+        assert ran.returncode == 1, (command, ran.stderr)
+        assert "pip install 'dra-gpu[tools]'" in ran.stderr and "celpy" in ran.stderr, (command, ran.stderr)
