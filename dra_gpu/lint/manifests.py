@@ -65,25 +65,37 @@ class Document:
         return f"{self.path}:{self.line}" if self.line else self.path
 
 
-def expand_paths(paths: Iterable[str]) -> list[Path]:
-    """Files as given; directories recursively (sorted), keeping only .yaml/.yml/.json."""
-    out: list[Path] = []
+def expand_paths(paths: Iterable[str]) -> list[tuple[Path, bool]]:
+    """(file, found in a directory): files as given; directories recursively (sorted), keeping only
+    .yaml/.yml/.json."""
+    out: list[tuple[Path, bool]] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            out.extend(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in MANIFEST_SUFFIXES))
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in MANIFEST_SUFFIXES)
+            out.extend((p, True) for p in found)
         elif path.exists() or raw == "-":
-            out.append(path)
+            out.append((path, False))
         else:
             raise ManifestError(f"{raw}: no such file or directory")
     return out
 
 
 def load_documents(paths: Iterable[str]) -> list[Document]:
+    """The documents of every file. A file found in a directory in which no document has `apiVersion` or
+    `kind` is not a manifest (a Helm values file, a JSON schema, the examples' expect.yaml) and is passed
+    over; a file named on its own is always read as one, so a manifest that lacks both is still reported."""
     documents: list[Document] = []
-    for path in expand_paths(paths):
-        documents.extend(load_file(path))
+    for path, in_directory in expand_paths(paths):
+        loaded = load_file(path)
+        if in_directory and not any(_looks_like_an_object(d.obj) for d in loaded):
+            continue
+        documents.extend(loaded)
     return documents
+
+
+def _looks_like_an_object(obj: Any) -> bool:
+    return isinstance(obj, dict) and ("apiVersion" in obj or "kind" in obj)
 
 
 def load_text(text: str, name: str) -> list[Document]:

@@ -81,6 +81,28 @@ def test_clean_manifests_pass(tmp_path: Path) -> None:
     assert "no findings" in done.stdout
 
 
+def test_a_directory_s_files_that_hold_no_kubernetes_object_are_passed_over(tmp_path: Path) -> None:
+    """Helm values, JSON schemas and the examples' expect.yaml sit beside manifests: in a directory they are
+    not findings (the README's `dra-gpu lint examples/` lints only the manifests); named alone, such a file
+    is still reported, and a manifest that lacks only its apiVersion still is in a directory."""
+    (tmp_path / "good.yaml").write_text(GOOD)
+    (tmp_path / "values.yaml").write_text("image: {tag: v1}\nnodeSelector: {}\n")
+    (tmp_path / "schema.json").write_text('{"type": "object", "properties": {}}')
+    done = lint(tmp_path)
+    assert done.returncode == 0 and "no findings" in done.stdout, done.stdout + done.stderr
+    alone = lint(tmp_path / "values.yaml")
+    assert alone.returncode == 1 and "values.yaml:1" in alone.stdout, alone.stdout + alone.stderr
+    (tmp_path / "half.yaml").write_text(GOOD.replace("apiVersion: v1\nkind: Pod", "kind: Pod"))
+    half = lint(tmp_path)
+    assert half.returncode == 1 and "half.yaml" in half.stdout, half.stdout + half.stderr
+
+
+def test_the_repository_examples_lint_to_their_intended_findings_only() -> None:
+    done = lint(Path(__file__).resolve().parents[2] / "examples")
+    findings = [line for line in done.stdout.splitlines() if line.strip() and not line.startswith(" ")]
+    assert findings and all("negative-" in line for line in findings), done.stdout + done.stderr
+
+
 def check(tmp_path: Path, expression: str) -> str:
     path = tmp_path / "c.yaml"
     path.write_text(claim_with(expression))
