@@ -141,8 +141,15 @@ def tiny_tmpfs() -> Iterator[Path]:
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
-        mount_point.rmdir()
+        _unmount(mount_point)
+
+
+def _unmount(mount_point: Path) -> None:
+    """Unmount and remove the test's tmpfs, even when a failed test left a descriptor open in it (then the
+    plain unmount says "target is busy"; a lazy one detaches it now and frees it when that is closed)."""
+    if subprocess.run(["umount", str(mount_point)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+    mount_point.rmdir()
 
 
 def test_disk_full_leaves_the_old_checkpoint_intact(tiny_tmpfs: Path) -> None:
@@ -173,8 +180,7 @@ def test_read_only_directory_is_a_write_error(tmp_path: Path) -> None:
         assert set(store.read().claims) == {"u1"}
         store.close()
     finally:
-        subprocess.run(["umount", str(mount_point)], check=True)
-        mount_point.rmdir()
+        _unmount(mount_point)
 
 
 def _hold_lock(directory: str, held: multiprocessing.synchronize.Event, release: float) -> None:
