@@ -31,7 +31,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +65,7 @@ class _GpuLock:
         self._exclusive_waiting = 0
         # The GPU's lock file, held exclusively for all of this process's shared holders together: another
         # plugin process stays out of the GPU while any of them is in (as it did when they took turns).
-        self.file_mutex = threading.Lock()
-        self.shared_file: LockFile | None = None
-        self.shared_file_users = 0
+        self.shared_file = _CountedHold()
 
     def acquire(self, *, exclusive: bool, timeout: float) -> bool:
         with self._cond:
@@ -116,9 +114,7 @@ class GpuLocks:
         self._claim_locks: dict[str, list[Any]] = {}  # uid -> [RLock, users]
         self._mine = _ThreadState()
         self._files: dict[str, LockFile] = {}  # lock file name -> its kept descriptor
-        # node.lock, held shared for all of this process's GPU sections together (one descriptor)
-        self._node_file_mutex = threading.Lock()
-        self._node_file_users = 0
+        self._node_file = _CountedHold()  # node.lock, shared, for all of this process's GPU sections together
 
     # ---- GPU sections ------------------------------------------------------------------------------------
 
@@ -152,18 +148,12 @@ class GpuLocks:
         joined = False
         try:
             if outermost:
-                with self._node_file_mutex:
-                    if not self._node_file_users:
-                        self._file_lock(NODE_LOCK_FILE, exclusive=False)
-                    self._node_file_users += 1
-                    joined = True
+                self._node_file.join(lambda: self._file_lock(NODE_LOCK_FILE, exclusive=False))
+                joined = True
             yield
         finally:
             if joined:
-                with self._node_file_mutex:
-                    self._node_file_users -= 1
-                    if not self._node_file_users:
-                        self._file_unlock(NODE_LOCK_FILE)
+                self._node_file.leave()
             mine.shared_depth -= 1
             if outermost:
                 with self._cond:
@@ -191,21 +181,14 @@ class GpuLocks:
             if mine.node_depth == 0 and exclusive:
                 held = self._file_lock(_gpu_file(key), exclusive=True)
             elif mine.node_depth == 0:
-                with lock.file_mutex:
-                    if not lock.shared_file_users:
-                        lock.shared_file = self._file_lock(_gpu_file(key), exclusive=True)
-                    lock.shared_file_users += 1
-                    joined = True
+                lock.shared_file.join(lambda: self._file_lock(_gpu_file(key), exclusive=True))
+                joined = True
             yield
         finally:
             if held is not None:
                 held.release()
             if joined:
-                with lock.file_mutex:
-                    lock.shared_file_users -= 1
-                    if not lock.shared_file_users and lock.shared_file is not None:
-                        lock.shared_file.release()
-                        lock.shared_file = None
+                lock.shared_file.leave()
             del mine.gpus[key]
             lock.release(exclusive=exclusive)
 
@@ -297,10 +280,29 @@ class GpuLocks:
             raise GpuLockTimeoutError(f"{file.path}: cannot open ({exc.strerror})") from exc
         return file
 
-    def _file_unlock(self, name: str) -> None:
-        file = self._files.get(name)
-        if file is not None:
-            file.release()
+
+class _CountedHold:
+    """A lock file held once for any number of holders in this process (one descriptor cannot be locked
+    twice): the first to join locks it, the last to leave releases it."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._users = 0
+        self._file: LockFile | None = None
+
+    def join(self, take: Callable[[], LockFile | None]) -> None:
+        """Count one more holder, locking the file with `take` for the first (its error leaves no count)."""
+        with self._mutex:
+            if not self._users:
+                self._file = take()
+            self._users += 1
+
+    def leave(self) -> None:
+        with self._mutex:
+            self._users -= 1
+            if not self._users and self._file is not None:
+                self._file.release()
+                self._file = None
 
 
 def _gpu_file(key: str) -> str:

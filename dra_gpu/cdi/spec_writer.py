@@ -45,8 +45,9 @@ class CdiSpecWriter:
             # just made it, and this write still has to be tried again.
             try:
                 self.cdi_root.mkdir(parents=True, exist_ok=True, mode=0o755)
-            except OSError as exc:
-                raise CdiWriteError(f"creating CDI directory {self.cdi_root}: {exc.strerror or exc}") from exc
+            except OSError as error:
+                message = f"creating CDI directory {self.cdi_root}: {error.strerror or error}"
+                raise CdiWriteError(message) from error
             atomic_write(path, data, error=CdiWriteError, mode=0o644, durable=False)
         return path
 
