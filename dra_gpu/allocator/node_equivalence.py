@@ -54,11 +54,7 @@ def carry_over(result: NodeResult, searched: Sequence[Pool], node: str, pools: S
     if result.success:
         raise ValueError("only a failed search carries over: a success allocates on the node searched")
     renaming = PoolRenaming(searched, pools)
-    device_of: dict[DeviceId, Candidate] = {}
-    for a, b in zip(searched, pools, strict=True):
-        for ca, cb in zip(a.candidates, b.candidates, strict=True):
-            device_of[ca.id] = cb
-    text = renaming.text
+    device_of, text = renaming.device_map(), renaming.text
 
     def report(r: RequestReport) -> RequestReport:
         return RequestReport(
@@ -96,13 +92,26 @@ class PoolRenaming:
         self.searched = searched
         self.pools = pools
         self.renames = {a.name: b.name for a, b in zip(searched, pools, strict=True) if a.name != b.name}
-        self._label_of: dict[str, str] | None = None
         self._rewritten: dict[str, str] = {}  # a node's reasons repeat: each distinct one is rewritten once
 
     @functools.cached_property
     def pattern(self) -> re.Pattern[str] | None:
         """The renamed pool names as whole words, longest first; None when no name changes."""
         return names_pattern(self.renames)
+
+    def device_map(self) -> dict[DeviceId, Candidate]:
+        """Each device of the searched node -> the device at the same position of the other node. Not kept:
+        the renaming lives as long as the node's rejections, and 1,000 nodes' maps would be ~10 MB."""
+        return {ca.id: cb for ca, cb in self._candidate_pairs()}
+
+    @functools.cached_property
+    def label_of(self) -> dict[str, str]:
+        """The same, by label (made only when a rejection is read one by one)."""
+        return {ca.label: cb.label for ca, cb in self._candidate_pairs()}
+
+    def _candidate_pairs(self) -> Iterator[tuple[Candidate, Candidate]]:
+        for a, b in zip(self.searched, self.pools, strict=True):
+            yield from zip(a.candidates, b.candidates, strict=True)
 
     def text(self, value: str) -> str:
         done = self._rewritten.get(value)
@@ -113,13 +122,7 @@ class PoolRenaming:
         return done
 
     def rejection(self, r: Rejection) -> Rejection:
-        if self._label_of is None:
-            self._label_of = {
-                ca.label: cb.label
-                for a, b in zip(self.searched, self.pools, strict=True)
-                for ca, cb in zip(a.candidates, b.candidates, strict=True)
-            }
-        return Rejection(self._label_of.get(r.device) or self.text(r.device), self.text(r.reason), r.kind)
+        return Rejection(self.label_of.get(r.device) or self.text(r.device), self.text(r.reason), r.kind)
 
 
 def names_pattern(names: Collection[str]) -> re.Pattern[str] | None:
