@@ -1,5 +1,5 @@
-"""`dra-gpu hardware list|init-sim|state|reset|fault|xid|gpu-lost|recover`: the hardware profiles and the
-simulator's driver root (and errors injected into it).
+"""`dra-gpu hardware list|init-sim|state|reset|fault|xid|gpu-lost|recover|process|mig-renumber`: the hardware
+profiles and the simulator's driver root (errors injected into it, processes put on its GPUs).
 
 Also the shared `--hardware` / `--nvidia-driver-root` options of the commands that read GPUs (`inventory`,
 `slices`).
@@ -29,9 +29,10 @@ from dra_gpu.hardware.sim_driver_root import (
     state_path,
     state_report,
 )
+from dra_gpu.hardware.simulator import contexts
 from dra_gpu.hardware.simulator import nvml as simulator_nvml
 from dra_gpu.hardware.simulator.nvml import SimulatedNvml
-from dra_gpu.hardware.simulator.state import Fault, StateError, StateStore
+from dra_gpu.hardware.simulator.state import CONTEXT_KINDS, Fault, StateError, StateStore
 
 
 def add_hardware_args(parser: argparse.ArgumentParser, *, seed_help: str = "") -> None:
@@ -153,6 +154,25 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gpu", type=int, required=True, help="GPU minor number")
     p.set_defaults(func=_recover)
 
+    p = sub.add_parser(
+        "process",
+        help="put a process (a context) on a simulated GPU or MIG device, take it off, or list them",
+    )
+    p.add_argument("action", choices=("add", "remove", "list"))
+    p.add_argument("--driver-root", "--nvidia-driver-root", dest="driver_root", required=True)
+    p.add_argument("--device", default=None, help="GPU or MIG device UUID (list: optional filter)")
+    p.add_argument("--pid", type=int, default=None, help="process id (add, remove)")
+    p.add_argument("--kind", choices=CONTEXT_KINDS, default="compute", help="what the process holds (add)")
+    p.set_defaults(func=_process)
+
+    p = sub.add_parser(
+        "mig-renumber",
+        help="whether a MIG mode switch gives the GPU a new minor number (nvml.h allows it; default off)",
+    )
+    p.add_argument("--driver-root", "--nvidia-driver-root", dest="driver_root", required=True)
+    p.add_argument("setting", choices=("on", "off"))
+    p.set_defaults(func=_mig_renumber)
+
     def usage(_args: argparse.Namespace) -> int:
         parser.print_help()
         return 2
@@ -239,12 +259,44 @@ def _fault(args: argparse.Namespace) -> int:
     return 0
 
 
+def _process(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "list":
+            found = contexts.list_contexts(args.driver_root, args.device)
+            print(
+                json.dumps([{"device": c.device_uuid, "pid": c.pid, "kind": c.kind} for c in found], indent=1)
+            )
+            return 0
+        if args.device is None or args.pid is None:
+            return _fail(f"process {args.action} needs --device and --pid")
+        if args.action == "add":
+            contexts.add_context(args.driver_root, args.device, args.pid, args.kind)
+        elif not contexts.remove_context(args.driver_root, args.device, args.pid):
+            return _fail(f"pid {args.pid} holds no context on {args.device}")
+    except contexts.ContextRefusedError as err:
+        return _fail(f"{err} ({err.detail})")
+    except (StateError, ValueError) as err:
+        return _fail(str(err))
+    return 0
+
+
+def _mig_renumber(args: argparse.Namespace) -> int:
+    try:
+        with StateStore(state_path(args.driver_root)).transaction() as state:
+            state.renumber_on_mig_switch = args.setting == "on"
+    except StateError as err:
+        return _fail(str(err))
+    return 0
+
+
 def _gpu_index(driver_root: str, minor: int) -> int:
     state = StateStore(state_path(driver_root)).read()
-    for gpu in profiles.simulated_gpus(state.layout(), state.seed):
-        if gpu.minor == minor:
-            return gpu.index
-    minors = [g.minor for g in profiles.simulated_gpus(state.layout(), state.seed)]
+    gpus = profiles.simulated_gpus(state.layout(), state.seed)
+    # a GPU renumbered by a MIG mode switch answers to its current minor
+    minors = [g.minor if s.minor is None else s.minor for g, s in zip(gpus, state.gpus, strict=True)]
+    for index, current in enumerate(minors):
+        if current == minor:
+            return index
     raise ValueError(f"--gpu {minor}: no simulated GPU has that minor number (minors: {minors})")
 
 

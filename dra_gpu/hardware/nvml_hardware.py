@@ -395,12 +395,54 @@ class NvmlHardware:
                 return []
             return self._list_mig(what, gpu_uuid, h)
 
+    def _processes(self, h: Any, gi_ci: tuple[int, int] | None = None) -> str:
+        """ "pid 123, pid 456 (MIG gi 1 ci 0)": the processes NVML lists on a GPU (or one of its MIG devices),
+        for error messages; "" when none is listed or NVML cannot list them."""
+        found: list[str] = []
+        for function in (
+            "nvmlDeviceGetComputeRunningProcesses",
+            "nvmlDeviceGetMPSComputeRunningProcesses",
+            "nvmlDeviceGetGraphicsRunningProcesses",
+        ):
+            try:
+                processes = getattr(self._nvml, function)(h)
+            except (self._nvml.NVMLError, AttributeError):
+                continue
+            for p in processes:
+                gi, ci = getattr(p, "gpuInstanceId", None), getattr(p, "computeInstanceId", None)
+                if gi_ci is not None and (gi, ci) != gi_ci:
+                    continue
+                mig = (
+                    f" (MIG gi {gi} ci {ci})" if gi_ci is None and gi is not None and gi != 0xFFFFFFFF else ""
+                )
+                text = f"pid {p.pid}{mig}"
+                if text not in found:
+                    found.append(text)
+        return ", ".join(found)
+
     def set_mig_mode(self, gpu_uuid: str, enabled: bool) -> None:
+        """Switch MIG mode; HardwareError if it did not take effect (nvml_code IN_USE: processes hold the GPU,
+        RESET_REQUIRED: only a reset applies it). Either way NVML leaves the mode pending."""
         with self._lock:
             h = self._handle(gpu_uuid)
             what = f"GPU {gpu_uuid}"
             mode = self._nvml.NVML_DEVICE_MIG_ENABLE if enabled else self._nvml.NVML_DEVICE_MIG_DISABLE
-            self._call(what, "nvmlDeviceSetMigMode", h, mode)
+            status = self._call(what, "nvmlDeviceSetMigMode", h, mode)
+            if status == self._nvml.NVML_ERROR_IN_USE:
+                # nvml.h, nvmlDeviceSetMigMode: the activation status is NVML_ERROR_IN_USE when the device
+                # could not be unbound because it is not idle; "the caller ... is expected to idle the device
+                # and retry".
+                holders = self._processes(h)
+                raise HardwareError(
+                    f"{what}: MIG mode cannot be {'enabled' if enabled else 'disabled'} while the GPU is in "
+                    f"use (processes: {holders or 'not listed by NVML'}); NVML switches MIG mode only on an "
+                    "idle GPU",
+                    nvml_code=self._nvml.NVML_ERROR_IN_USE,
+                )
+            # nvml.h: the switch may unbind or reset the device, so "attributes associated with the device,
+            # such as minor number, might change. The caller of this API is expected to query such attributes
+            # again": look the GPU up again by its UUID, which does not change.
+            h = self._handle(gpu_uuid)
             current = self._mig_mode(what, h)[1]
             if current != enabled:
                 raise HardwareError(
@@ -417,6 +459,7 @@ class NvmlHardware:
             what = f"GPU {gpu_uuid}"
             if not self._mig_mode(what, h)[1]:
                 self.set_mig_mode(gpu_uuid, True)
+                h = self._handle(gpu_uuid)  # the switch may have re-bound the GPU under another minor number
             profile, info = self._profile_by_id(what, gpu_uuid, h, gi_profile_id)
             placement = self._nvml.c_nvmlGpuInstancePlacement_t()
             placement.start, placement.size = placement_start, profile.memory_slices
@@ -484,8 +527,21 @@ class NvmlHardware:
                         nvml_code=self._code(err),
                     ) from err
             else:
-                self._call(what, "nvmlComputeInstanceDestroy", ci)
-            self._call(what, "nvmlGpuInstanceDestroy", gi)
+                self._destroy_in_use_aware(what, "nvmlComputeInstanceDestroy", ci, h, (gi_id, ci_id))
+            self._destroy_in_use_aware(what, "nvmlGpuInstanceDestroy", gi, h, (gi_id, ci_id))
+
+    def _destroy_in_use_aware(
+        self, what: str, function: str, target: Any, h: Any, gi_ci: tuple[int, int]
+    ) -> None:
+        """A destroy call; NVML_ERROR_IN_USE (processes still run on the MIG device) names those processes."""
+        try:
+            getattr(self._nvml, function)(target)
+        except self._nvml.NVMLError as err:
+            detail = self._describe(err)
+            if self._is(err, "NVML_ERROR_IN_USE"):
+                holders = self._processes(h, gi_ci)
+                detail += f": processes still run on it ({holders or 'not listed by NVML'})"
+            raise HardwareError(f"{what}: {function} failed: {detail}", nvml_code=self._code(err)) from err
 
     # ---- sharing knobs ----
     def set_compute_mode(self, gpu_uuid: str, mode: ComputeMode) -> None:

@@ -2,7 +2,8 @@
 
 Layout (what the plugin, CDI discovery and the sharing code look for under a real driver root):
 - `usr/bin/nvidia-smi`, `usr/bin/nvidia-cuda-mps-control`: shell shims running `python -m
-  dra_gpu.hardware.sim_tools.<tool>` with `DRA_GPU_SIM_ROOT` set to this root.
+  dra_gpu.hardware.sim_tools.<tool>` with `DRA_GPU_SIM_ROOT` set to this root (the MPS one also with the
+  default of `DRA_GPU_SIM_MPS_PID_FILE`).
 - `usr/lib/x86_64-linux-gnu/`: placeholder driver libraries (`libnvidia-ml.so.<version>` + soname links
   `.so.1`, `libnvidia-nvvm.so.4`, ...).
 - `dev/nvidia<minor>`, `dev/nvidiactl`, `dev/nvidia-uvm`, `dev/nvidia-uvm-tools`,
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_gpu.hardware import profiles
-from dra_gpu.hardware.sim_tools.compiled import compiled_tool
+from dra_gpu.hardware.sim_tools.mps_control import PID_FILE_ENV
 from dra_gpu.hardware.sim_tools.mps_records import read_records
 from dra_gpu.hardware.simulator.nvml import SimulatedNvml
 from dra_gpu.hardware.simulator.state import SimState, StateStore
@@ -60,7 +61,8 @@ def state_path(driver_root: str | os.PathLike[str]) -> Path:
 def state_report(driver_root: str | os.PathLike[str]) -> dict[str, Any]:
     """What `dra-gpu hardware state` prints: the simulator state, with the static facts beside it (index,
     minor and product per GPU, each GPU instance's profile name, so tests can map indexes to minors and read
-    profile names) and every simulated MPS control daemon's record under `mps` (by pipe directory)."""
+    profile names) and every simulated MPS control daemon's record under `mps`, keyed by its pipe directory's
+    identity (mps_records.py), each with its MPS servers, their limits and clients."""
     state = StateStore(state_path(driver_root)).read()
     data = state.to_json()
     gpus = profiles.simulated_gpus(state.layout(), state.seed)
@@ -111,22 +113,19 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def _write_shim(root: Path, tool: str, module: str) -> None:
+def _write_shim(root: Path, tool: str, module: str, env_defaults: dict[str, str]) -> None:
     shim = root / "usr" / "bin" / tool
     shim.parent.mkdir(parents=True, exist_ok=True)
-    compiled = compiled_tool(tool)
-    if compiled is not None:
-        what = f"the compiled twin of dra_gpu.hardware.sim_tools.{module} (sim_tools/compiled.py)"
-        command = shlex.quote(str(compiled))
-    else:
-        what = f"dra_gpu.hardware.sim_tools.{module}"
-        command = f"{shlex.quote(sys.executable)} -m dra_gpu.hardware.sim_tools.{module}"
+    defaults = "".join(
+        f'{name}="${{{name}:-{shlex.quote(value)}}}"\nexport {name}\n' for name, value in env_defaults.items()
+    )
     text = (
         "#!/bin/sh\n"
-        f"# simulated {tool}: runs {what} against this driver root\n"
+        f"# simulated {tool}: runs dra_gpu.hardware.sim_tools.{module} against this driver root\n"
         f'DRA_GPU_SIM_ROOT="${{DRA_GPU_SIM_ROOT:-{shlex.quote(str(root))}}}"\n'
         "export DRA_GPU_SIM_ROOT\n"
-        f'exec {command} "$@"\n'
+        f"{defaults}"
+        f'exec {shlex.quote(sys.executable)} -m dra_gpu.hardware.sim_tools.{module} "$@"\n'
     )
     _write_if_changed(shim, text)
     shim.chmod(0o755)
@@ -216,13 +215,18 @@ def _write_static_capabilities(root: Path, gpus: tuple[profiles.SimulatedGpu, ..
 
 
 def init_sim_driver_root(
-    driver_root: str | os.PathLike[str], hardware: str, seed: str | None = None, *, force: bool = False
+    driver_root: str | os.PathLike[str],
+    hardware: str,
+    seed: str | None = None,
+    *,
+    force: bool = False,
+    mps_pid_file: bool | None = None,
 ) -> SimState:
     """Create (or complete) a simulated driver root for `hardware`. Idempotent; keeps an existing state file
-    for
-    the same hardware unless `force`. `seed` (default: the existing state's seed, else the hardware name)
-    makes the
-    GPU UUIDs; use the node name so every simulated node has its own UUIDs."""
+    for the same hardware unless `force`. `seed` (default: the existing state's seed, else the hardware name)
+    makes the GPU UUIDs; use the node name so every simulated node has its own UUIDs. `mps_pid_file=False`
+    models a driver whose MPS control daemon writes no pid file (default: DRA_GPU_SIM_MPS_PID_FILE, else
+    yes, as driver 580 does)."""
     root = Path(driver_root)
     profiles.resolve_layout(hardware)  # unknown names fail before anything is written
     store = StateStore(state_path(root))
@@ -236,8 +240,15 @@ def init_sim_driver_root(
     state = store.initialize(hardware, seed or hardware, force=force)
     layout = state.layout()
     gpus = profiles.simulated_gpus(layout, state.seed)
+    # The shims' default for the knob of the MPS pid file (mps_control.PID_FILE_ENV); the variable set when a
+    # tool runs still wins, so a test can model a driver without the pid file for one daemon or for the root.
+    if mps_pid_file is None:
+        pid_file_default = os.environ.get(PID_FILE_ENV, "1")
+    else:
+        pid_file_default = "1" if mps_pid_file else "0"
+    shim_env = {PID_FILE_ENV: pid_file_default}
     for tool, module in TOOLS.items():
-        _write_shim(root, tool, module)
+        _write_shim(root, tool, module, shim_env if module == "mps_control" else {})
     _write_libraries(root, layout.driver_version)
     _write_sysfs(root, gpus)
     for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{g.minor}" for g in gpus)):

@@ -14,6 +14,14 @@ that reuses the ids of an instance of ours destroyed out of band (its uuid diffe
 A GPU that fell off the bus cannot destroy anything: `destroy(..., defer_if_gone=True)` then records the
 instance in `pendingMigDestroy` and returns, so the unprepare finishes; `retry_pending` (the plugin's
 reconcile loop) destroys it, by uuid, once the GPU answers (after a reset it is usually gone already).
+
+NVML refuses to change a GPU that processes still use (NVML_ERROR_IN_USE, nvml.h): MIG mode switches only on
+an idle GPU (nvmlDeviceSetMigMode's activation status), and a GPU or compute instance with processes on it is
+not destroyed. A claim whose on-demand MIG device needs MIG mode switched on a busy GPU gets an error naming
+the GPU, the processes and the fix, and nothing is left behind (the pending mode is put back). An instance
+that cannot be destroyed because processes still run on it (a container not quite gone) joins
+`pendingMigDestroy` like one on a lost GPU: the unprepare finishes, `retry_pending` destroys it once the
+processes are gone, and it is reported meanwhile (`pending`, and a create that wants its placement says so).
 """
 
 from __future__ import annotations
@@ -29,6 +37,12 @@ from dra_gpu.sharing.interface import AllocatedDevice, SharingError
 from dra_gpu.sharing.registry import Registry
 
 log = structlog.get_logger(__name__)
+
+NVML_ERROR_IN_USE = 19  # nvml.h: "An operation cannot be performed because the GPU is currently in use"
+
+
+def _busy(err: HardwareError) -> bool:
+    return err.nvml_code == NVML_ERROR_IN_USE
 
 
 def instance_json(device_name: str, instance: MigInstance) -> dict[str, Any]:
@@ -86,7 +100,14 @@ class MigLifecycle:
                 f"(nvidia-smi -i {gpu.uuid} -mig 1, then a GPU reset) to use on-demand MIG devices"
             )
         if gpu.mig_enabled:
+            waiting = {p.uuid for p in self.pending()}
             for existing in self._hardware.list_mig_devices(gpu.uuid):
+                if _overlaps(existing.placement, placement) and existing.uuid in waiting:
+                    raise SharingError(
+                        f"{where}: placement {at} is still held by MIG device {existing.uuid}, which an "
+                        "earlier claim released but which could not be destroyed yet (processes still run on "
+                        "it, or its GPU was gone); it is destroyed as soon as NVML allows, retry then"
+                    )
                 if _overlaps(existing.placement, placement):
                     raise SharingError(
                         f"{where}: placement {at} is already taken by MIG device "
@@ -99,6 +120,12 @@ class MigLifecycle:
         except HardwareError as err:
             if not gpu.mig_enabled:
                 self._undo_mig_mode(gpu.uuid)
+            if _busy(err) and not gpu.mig_enabled:
+                raise SharingError(
+                    f"{where}: MIG mode must be switched on for it, and GPU {gpu.uuid} is not idle: {err}. "
+                    "Stop the processes using the GPU (or enable MIG mode out of band while it is idle: "
+                    f"nvidia-smi -i {gpu.uuid} -mig 1) and the claim's next prepare will create it"
+                ) from None
             raise SharingError(f"{where}: creating it failed: {err}") from None
         with self._registry.update() as data:
             data["createdMig"].append([instance.parent_uuid, instance.gi_id, instance.ci_id, instance.uuid])
@@ -107,8 +134,13 @@ class MigLifecycle:
         log.info("MIG device created", device=name, uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
         return instance
 
-    def destroy(self, instance: MigInstance, *, defer_if_gone: bool = False) -> None:
+    def destroy(
+        self, instance: MigInstance, *, defer_if_gone: bool = False, defer_if_busy: bool | None = None
+    ) -> None:
         """Destroy one instance we created (already gone is fine); then maybe switch MIG mode off. Raises.
+
+        `defer_if_gone`: a lost GPU records the instance for `retry_pending` instead of raising;
+        `defer_if_busy` (by default the same): so do processes still running on it (NVML_ERROR_IN_USE).
 
         The instance is identified by its MIG uuid, not by its GPU-instance/compute-instance ids: an
         unprepare replayed after a crash (or after the device was destroyed out of band) may find those ids
@@ -134,8 +166,18 @@ class MigLifecycle:
             else:
                 self._hardware.destroy_mig_device(current.parent_uuid, current.gi_id, current.ci_id)
         except HardwareError as err:
-            if defer_if_gone and err.gpu_gone:
-                log.warning("GPU is gone; its MIG device is destroyed when it returns", uuid=instance.uuid)
+            busy_deferred = (defer_if_gone if defer_if_busy is None else defer_if_busy) and _busy(err)
+            if (defer_if_gone and err.gpu_gone) or busy_deferred:
+                if busy_deferred:
+                    log.warning(
+                        "MIG device still in use; destroyed once its processes are gone",
+                        uuid=instance.uuid,
+                        error=str(err),
+                    )
+                else:
+                    log.warning(
+                        "GPU is gone; its MIG device is destroyed when it returns", uuid=instance.uuid
+                    )
                 with self._registry.update() as data:
                     if all(p["uuid"] != instance.uuid for p in data["pendingMigDestroy"]):
                         data["pendingMigDestroy"].append(instance_json("", instance))
@@ -225,13 +267,15 @@ class MigLifecycle:
             label = f"{instance.uuid if instance else 'MIG device'} (GPU {parent} gi={gi_id} ci={ci_id})"
             try:
                 if instance is not None:
-                    self.destroy(instance)
+                    self.destroy(instance, defer_if_busy=True)
                 else:  # ours is already gone: forget it
                     self._forget(parent, gi_id, ci_id)
                     continue
             except SharingError as err:
                 log.error("cannot destroy unowned MIG device", device=label, error=str(err))
                 continue
+            if any(p.uuid == instance.uuid for p in self.pending()):
+                continue  # still in use: retry_pending destroys it later
             destroyed.append(label)
         with self._registry.update() as data:
             enabled = list(data["migModeEnabled"])

@@ -53,6 +53,25 @@ def test_a_new_claims_interval_on_the_returned_gpu_is_not_reset(node: SimNode) -
     assert node.gpu_state(uuid).timeslice == 0
 
 
+def test_the_default_mode_of_a_returned_gpu_comes_back_only_from_the_pending_restore(node: SimNode) -> None:
+    """The e2e case (e2e/test_mps_daemons.py): a GPU in Default gets an MPS claim (EXCLUSIVE_PROCESS), falls
+    off the bus, the claim is unprepared. The GPU comes back still in EXCLUSIVE_PROCESS (a bus drop resets
+    no setting); Default returns only through the driver's pending restore in the reconcile pass."""
+    uuid = node.uuid()
+    manager = node.manager()
+    result = manager.prepare_group("claim-1", mps_config(), [node.alloc("gpu-0")])
+    nvml = node.hardware.nvml_module()
+    nvml.lose_gpu(0)
+    _unprepare_fast(manager, "claim-1", result.state)
+    assert manager.pending_cleanup() == {uuid: ["compute mode DEFAULT to restore"]}
+    nvml.recover_gpu(0)
+    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.EXCLUSIVE_PROCESS)
+    assert manager.reconcile_mps([]).restored_modes == [uuid]
+    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.DEFAULT)
+    assert manager.pending_cleanup() == {}
+    assert node.leftovers() == []
+
+
 def test_a_new_mps_claim_on_the_returned_gpu_keeps_its_mode_and_restores_the_first_one(node: SimNode) -> None:
     """Claim 1 (MPS) is unprepared while its GPU is gone: PROHIBITED (the mode before it) is owed. Claim 2
     (MPS) gets the GPU once it is back, before the reconcile pass: the pass must not take EXCLUSIVE_PROCESS

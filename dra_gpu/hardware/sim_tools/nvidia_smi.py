@@ -39,6 +39,9 @@ _RC_BY_NVML_ERROR = {
     pynvml.NVML_ERROR_GPU_IS_LOST: 15,
 }
 RC_OTHER = 255
+# The fault name `compute-policy --set-timeslice` answers to (`dra-gpu hardware fault --function ...`): the
+# simulator has no NVML function for it, and a lost GPU ("*") fails it too.
+SET_TIMESLICE_STEP = "nvidia-smi compute-policy --set-timeslice"
 # nvmlErrorString's text, which the real tool prints: pynvml only has it from libnvidia-ml itself (without the
 # library it says "NVML Error with code 23").
 _NVML_ERROR_TEXT = {
@@ -294,17 +297,32 @@ class Smi:
         selected GPUs are still changed."""
         if value not in ("0", "1", "2", "3"):
             raise UsageError(f"invalid timeslice {value!r}: 0 (default), 1 (short), 2 (medium), 3 (long)")
-        supported = [g for g in selected if g.profile.supports_timeslice]
+        # A GPU that fell off the bus (or any fault injected for this step) refuses like every other NVML call
+        # on it: nvidia-smi(1) RETURN VALUE 15, "the GPU has fallen off the bus or has otherwise become
+        # inaccessible". The others are still changed, and the exit code is the first failure's.
+        failed: dict[int, pynvml.NVMLError] = {}
+        for gpu in selected:
+            try:
+                self.nvml.check_fault(gpu.index, SET_TIMESLICE_STEP)
+            except pynvml.NVMLError as err:
+                failed[gpu.index] = err
+        supported = [g for g in selected if g.profile.supports_timeslice and g.index not in failed]
         with self.nvml.store.transaction() as state:
             for gpu in supported:
                 state.gpus[gpu.index].timeslice = int(value)
         lines = []
+        code = 0
         for gpu in selected:
-            if gpu.profile.supports_timeslice:
+            refused = failed.get(gpu.index)
+            if refused is not None:
+                lines.append(f"Failed to set timeslice for GPU {gpu.pci_bus_id}: {nvml_error_text(refused)}")
+                code = code or _exit_code_for(refused)
+            elif gpu.profile.supports_timeslice:
                 lines.append(f"Set timeslice to {_TIMESLICE_NAMES[int(value)]} for GPU {gpu.pci_bus_id}.")
             else:
                 lines.append(f"Setting time slice is not supported for GPU {gpu.pci_bus_id}.")
-        return (0 if len(supported) == len(selected) else RC_NOT_SUPPORTED), "\n".join(lines)
+                code = code or RC_NOT_SUPPORTED
+        return code, "\n".join(lines)
 
     def set_mig_mode(self, selected: list[profiles.SimulatedGpu], value: str) -> str:
         lines = []
@@ -316,6 +334,16 @@ class Smi:
                 lines.append(
                     f"Warning: MIG mode is in pending {word.lower()[:-1]} state for GPU {gpu.pci_bus_id}: "
                     "a GPU reset is required"
+                )
+            elif status == pynvml.NVML_ERROR_IN_USE:
+                # NVIDIA MIG user guide (enabling MIG mode): a GPU in use by processes keeps the mode pending,
+                # the tool warns "In use by another client" and asks to stop those processes and retry (or
+                # reboot); the command itself succeeds.
+                lines.append(
+                    f"Warning: MIG mode is in pending {word.lower()[:-1]} state for GPU {gpu.pci_bus_id}:"
+                    f"In use by another client\n{gpu.pci_bus_id} is currently being used by one or more "
+                    "other processes. Please first kill all processes using the device and retry the command "
+                    "or reboot the system to make MIG mode effective."
                 )
         return "\n".join(lines)
 

@@ -15,16 +15,20 @@ Behaviour modelled on hardware:
 - MIG calls on a GPU with MIG disabled fail with NOT_SUPPORTED; on a GPU without MIG with NOT_SUPPORTED.
 - Profile and placement queries work whatever the MIG mode (the driver inspects them before enabling MIG).
 - `nvmlDeviceSetMigMode`: Hopper+ switches immediately; Ampere only changes the pending mode (activation
-  status
-  RESET_REQUIRED) until `reset_gpu()`; disabling with instances present fails with IN_USE.
-- A GPU instance with compute instances cannot be destroyed (IN_USE).
+  status RESET_REQUIRED) until `reset_gpu()`; disabling with instances present fails with IN_USE. A GPU with
+  processes on it (simulator/contexts.py) is not idle: the mode becomes pending and the activation status is
+  IN_USE. A switch that takes effect may renumber the GPU's minor (opt-in: `renumber_on_mig_switch`).
+- A GPU instance with compute instances cannot be destroyed (IN_USE); neither can a GPU or compute instance
+  with processes on its MIG devices (IN_USE).
+- `nvmlDeviceGetComputeRunningProcesses` / `...MPSComputeRunningProcesses` / `...GraphicsRunningProcesses`
+  list the registered contexts; a reset (`reset_gpu`) of a GPU with processes fails with IN_USE.
 - Faults recorded in the state make a chosen function fail for a chosen GPU (`gpu-lost`: every function fails
   with GPU_IS_LOST).
 - Events (`nvmlEventSetCreate`, `nvmlDeviceRegisterEvents`, `nvmlEventSetWait_v2`, `nvmlEventSetFree`): events
   raised by another process (`dra-gpu hardware xid`) are appended to the state file; an event set delivers, in
   order, those raised after its GPU registered, polling the state until the wait times out (TIMEOUT). An XID
   also sets the GPU's recovery action (`nvmlDeviceGetFieldValues` with NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) to
-  GPU_RESET unless told otherwise; `recover_gpu` (a reset) clears it and the GPU's faults.
+  GPU_RESET unless told otherwise; `recover_gpu` clears it and the GPU's faults (keeping the compute mode).
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ from dra_gpu.hardware.simulator.state import (
     GpuState,
     SimState,
     StateStore,
+    contexts_on,
+    device_uuids,
     raise_event,
+    renumber_minor,
 )
 from dra_gpu.hardware.types import normalize_bus_id
 
@@ -144,6 +151,11 @@ class SimulatedNvml:
         gpus = profiles.simulated_gpus(state.layout(), state.seed)
         self._gpus_of = (state, gpus)
         return gpus
+
+    def check_fault(self, gpu_index: int, function: str) -> None:
+        """Apply the faults recorded for `function` on a GPU (the simulated tools use it for what they do
+        without an NVML call of their own, e.g. nvidia-smi's time-slice)."""
+        self._check_fault(self._state(), gpu_index, function)
 
     def _check_fault(self, state: SimState, gpu_index: int, function: str) -> None:
         for fault in state.faults:
@@ -293,7 +305,8 @@ class SimulatedNvml:
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         state, ref = self._device(handle, "nvmlDeviceGetMinorNumber")
-        return self._gpu(state, ref)[0].minor
+        gpu, gstate = self._gpu(state, ref)
+        return gpu.minor if gstate.minor is None else gstate.minor
 
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         _state, ref = self._device(handle, "nvmlDeviceGetIndex")
@@ -444,24 +457,44 @@ class SimulatedNvml:
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         enable = mode == pynvml.NVML_DEVICE_MIG_ENABLE
 
-        def change(_s: SimState, gstate: GpuState) -> int:
+        def change(s: SimState, gstate: GpuState) -> int:
             if not enable and gstate.gpu_instances:
                 _fail(pynvml.NVML_ERROR_IN_USE)
             gstate.mig_pending = enable
-            if gpu.profile.mig_toggle_without_reset:
-                gstate.mig_current = enable
+            if gstate.mig_current == enable:
                 return int(pynvml.NVML_SUCCESS)
-            return int(
-                pynvml.NVML_SUCCESS if gstate.mig_current == enable else pynvml.NVML_ERROR_RESET_REQUIRED
-            )
+            # nvml.h, nvmlDeviceSetMigMode: the call itself succeeds; its activationStatus says whether the
+            # mode took effect. "if device unbind fails because the device isn't idle, NVML_ERROR_IN_USE would
+            # be returned. The caller of this API is expected to idle the device and retry setting the mode."
+            # The requested mode stays pending (nvmlDeviceGetMigMode returns current and pending).
+            if contexts_on(s, device_uuids(gstate)):
+                return int(pynvml.NVML_ERROR_IN_USE)
+            if gpu.profile.mig_toggle_without_reset:
+                self._switch_mig_mode(s, gstate)
+                return int(pynvml.NVML_SUCCESS)
+            return int(pynvml.NVML_ERROR_RESET_REQUIRED)
 
         return self._mutate(ref.gpu_index, "nvmlDeviceSetMigMode", change)
 
+    def _switch_mig_mode(self, state: SimState, gstate: GpuState) -> None:
+        """The pending MIG mode takes effect. nvml.h (nvmlDeviceSetMigMode): the device may be unbound or
+        reset to activate it, "Thus, the attributes associated with the device, such as minor number, might
+        change"; the simulator renumbers only when the state asks for it (renumber_on_mig_switch)."""
+        if gstate.mig_current == gstate.mig_pending:
+            return
+        gstate.mig_current = gstate.mig_pending
+        if state.renumber_on_mig_switch:
+            renumber_minor(state, gstate, [g.minor for g in self._gpus(state)])
+
     def reset_gpu(self, gpu_index: int) -> None:
-        """Simulated `nvidia-smi -r`: pending MIG mode becomes current, MIG instances vanish."""
+        """Simulated `nvidia-smi -r`: pending MIG mode becomes current, MIG instances vanish. nvidia-smi(1),
+        -r/--gpu-reset: no application (CUDA, graphics, monitoring) may be using the GPU; a GPU with
+        processes on it is refused here with IN_USE."""
 
         def change(state: SimState, gstate: GpuState) -> None:
-            gstate.mig_current = gstate.mig_pending
+            if contexts_on(state, device_uuids(gstate)):
+                _fail(pynvml.NVML_ERROR_IN_USE)
+            self._switch_mig_mode(state, gstate)
             gstate.gpu_instances = []
             gstate.compute_mode = 0
             state.resets += 1
@@ -637,11 +670,15 @@ class SimulatedNvml:
     def nvmlGpuInstanceDestroy(self, gpu_instance: Any) -> int:
         _state, ref, _gi = self._gi_handle(gpu_instance, "nvmlGpuInstanceDestroy")
 
-        def change(_s: SimState, gstate: GpuState) -> None:
+        def change(s: SimState, gstate: GpuState) -> None:
             gi = self._find_gi(gstate, ref.gi_id)
             if gi is None:
                 _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
             if gi.compute_instances:
+                _fail(pynvml.NVML_ERROR_IN_USE)
+            # NVML_ERROR_IN_USE: "An operation cannot be performed because the GPU is currently in use"
+            # (nvml.h); processes on the instance's MIG devices keep it in use.
+            if contexts_on(s, device_uuids(gstate, gi.gi_id)):
                 _fail(pynvml.NVML_ERROR_IN_USE)
             gstate.gpu_instances.remove(gi)
 
@@ -752,15 +789,54 @@ class SimulatedNvml:
     def nvmlComputeInstanceDestroy(self, compute_instance: Any) -> int:
         ref, _ci = self._ci_handle(compute_instance, "nvmlComputeInstanceDestroy")
 
-        def change(_s: SimState, gstate: GpuState) -> None:
+        def change(s: SimState, gstate: GpuState) -> None:
             gi = self._find_gi(gstate, ref.gi_id)
             ci = next((c for c in gi.compute_instances if c.ci_id == ref.ci_id), None) if gi else None
             if gi is None or ci is None:
                 _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+            # NVML_ERROR_IN_USE (nvml.h: "the GPU is currently in use"): a process runs on the MIG device
+            if contexts_on(s, {ci.uuid}):
+                _fail(pynvml.NVML_ERROR_IN_USE)
             gi.compute_instances.remove(ci)
 
         self._mutate(ref.gpu_index, "nvmlComputeInstanceDestroy", change)
         return int(pynvml.NVML_SUCCESS)
+
+    # ---- processes (simulator/contexts.py registers them) ----
+    def _processes(self, handle: Any, function: str, kinds: tuple[str, ...]) -> list[Any]:
+        """pynvml's answer shape: a list of nvmlFriendlyObject with pid, usedGpuMemory, gpuInstanceId and
+        computeInstanceId (0xFFFFFFFF both outside MIG). A GPU handle lists its MIG devices' processes too."""
+        state, ref = self._device(handle, function, allow_mig=True)
+        gstate = state.gpus[ref.gpu_index]
+        if ref.kind == handles.KIND_MIG_DEVICE:
+            uuids = device_uuids(gstate, ref.gi_id, ref.ci_id)
+        else:
+            uuids = device_uuids(gstate)
+        where = {ci.uuid: (gi.gi_id, ci.ci_id) for gi in gstate.gpu_instances for ci in gi.compute_instances}
+        found: list[Any] = []
+        for context in contexts_on(state, uuids):
+            if context.kind not in kinds:
+                continue
+            info = pynvml.c_nvmlProcessInfo_v3_t()
+            info.pid = context.pid
+            info.usedGpuMemory = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+            info.gpuInstanceId, info.computeInstanceId = where.get(context.device_uuid, (ALL_INSTANCES,) * 2)
+            obj = pynvml.nvmlStructToFriendlyObject(info)
+            obj.usedGpuMemory = None  # what pynvml does with NVML_VALUE_NOT_AVAILABLE
+            found.append(obj)
+        return found
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._processes(handle, "nvmlDeviceGetComputeRunningProcesses", ("compute", "mps-server"))
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any) -> list[Any]:
+        return self.nvmlDeviceGetComputeRunningProcesses(handle)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._processes(handle, "nvmlDeviceGetMPSComputeRunningProcesses", ("mps-client",))
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        return self._processes(handle, "nvmlDeviceGetGraphicsRunningProcesses", ("graphics",))
 
     # ---- MIG device handles ----
     def nvmlDeviceIsMigDeviceHandle(self, handle: Any) -> Any:
@@ -919,17 +995,22 @@ class SimulatedNvml:
             state.faults.append(Fault(gpu_index, "*", pynvml.NVML_ERROR_GPU_IS_LOST))
 
     def recover_gpu(self, gpu_index: int) -> None:
-        """A successful GPU reset: faults and the pending recovery action cleared, then `reset_gpu`'s effects
-        (pending MIG mode applied, MIG instances gone, default compute mode)."""
+        """The GPU back on the bus: faults and the pending recovery action cleared, the contexts it had lost,
+        pending MIG mode applied and MIG instances gone (as `reset_gpu` does). The compute mode stays what it
+        was: a GPU back from a bus drop keeps its settings, so whatever a driver changed (an MPS claim's
+        EXCLUSIVE_PROCESS) is still there until the driver itself puts it back. Were it reset here, the
+        driver's pending restore would never be tested (e2e/test_mps_daemons.py)."""
         with self.store.transaction() as state:
             if not 0 <= gpu_index < len(state.gpus):
                 raise ValueError(f"gpu index {gpu_index} does not exist (0..{len(state.gpus) - 1})")
             state.faults = [f for f in state.faults if f.gpu_index != gpu_index]
             gpu = state.gpus[gpu_index]
             gpu.recovery_action = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
-            gpu.mig_current = gpu.mig_pending
+            # the processes that had contexts there lost them when the GPU fell off the bus
+            gone = device_uuids(gpu)
+            state.contexts = [c for c in state.contexts if c.device_uuid not in gone]
+            self._switch_mig_mode(state, gpu)
             gpu.gpu_instances = []
-            gpu.compute_mode = 0
             state.resets += 1
             if self._after_change is not None:
                 self._after_change(state)

@@ -1,11 +1,11 @@
 """The simulator's persistent state: one JSON file guarded by an fcntl lock.
 
 Everything that can change on real hardware (MIG mode, GPU/compute instances, compute mode, time-slice,
-injected faults) lives here, so the plugin, the fake `nvidia-smi`/`nvidia-cuda-mps-control` and the tests in
-other processes all see one machine. What cannot change (the GPUs themselves) is derived from `hardware` +
-`seed` through `dra_gpu.hardware.profiles`. The fake MPS control daemons keep their records in files of their
-own beside this one (sim_tools/mps_records.py): they change with every command, and this file does not have
-to.
+injected faults, the processes holding a context on a GPU or MIG device) lives here, so the plugin, the fake
+`nvidia-smi`/`nvidia-cuda-mps-control` and the tests in other processes all see one machine. What cannot
+change (the GPUs themselves) is derived from `hardware` + `seed` through `dra_gpu.hardware.profiles`. The fake
+MPS control daemons keep their records in files of their own beside this one (sim_tools/mps_records.py): they
+change with every command, and this file does not have to.
 
 Writes replace the file atomically (write to a temporary file, then rename) under an exclusive lock on a
 separate lock file and bump a write counter kept in that lock file; reads take a shared lock and reuse the
@@ -57,6 +57,30 @@ class GpuState:
     gpu_instances: list[GpuInstanceState] = field(default_factory=list)
     # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: what the driver asks for after an error (0 = none); reset clears it
     recovery_action: int = 0
+    # The device minor number once a MIG mode switch has renumbered the GPU (None: the layout's own). nvml.h,
+    # nvmlDeviceSetMigMode: the switch "may unbind or reset the device ... attributes associated with the
+    # device, such as minor number, might change. The caller of this API is expected to query such attributes
+    # again."
+    minor: int | None = None
+
+
+# What holds a context on a GPU or MIG device. "compute" (a CUDA process) and "mps-server" are what NVML lists
+# in nvmlDeviceGetComputeRunningProcesses (nvidia-smi type C), "mps-client" in
+# nvmlDeviceGetMPSComputeRunningProcesses (type M+C), "graphics" in nvmlDeviceGetGraphicsRunningProcesses.
+CONTEXT_KINDS = ("compute", "mps-server", "mps-client", "graphics")
+# Kinds that own a context of their own on the device: an MPS client runs inside its server's context, so
+# only these count against compute mode EXCLUSIVE_PROCESS (MPS guide: the server is the one process that opens
+# a GPU in that mode).
+OWN_CONTEXT_KINDS = ("compute", "mps-server", "graphics")
+
+
+@dataclass
+class ContextState:
+    """A process `pid` with a context on `device_uuid` (a GPU UUID or a MIG device UUID)."""
+
+    device_uuid: str
+    pid: int
+    kind: str = "compute"
 
 
 @dataclass
@@ -98,6 +122,10 @@ class SimState:
     faults: list[Fault] = field(default_factory=list)
     events: list[SimEvent] = field(default_factory=list)
     event_seq: int = 0  # seq of the last event raised
+    contexts: list[ContextState] = field(default_factory=list)
+    # Renumber a GPU's minor when a MIG mode switch takes effect (nvml.h allows it; off by default so that
+    # device names, which carry the minor, stay put in tests that do not ask for it)
+    renumber_on_mig_switch: bool = False
     format: int = STATE_FORMAT
 
     def layout(self) -> profiles.NodeLayout:
@@ -116,6 +144,7 @@ class SimState:
                 compute_mode=g["compute_mode"],
                 timeslice=g["timeslice"],
                 recovery_action=g.get("recovery_action", 0),
+                minor=g.get("minor"),
                 gpu_instances=[
                     GpuInstanceState(
                         gi_id=gi["gi_id"],
@@ -138,6 +167,8 @@ class SimState:
             faults=[Fault(**f) for f in data.get("faults", [])],
             events=[SimEvent(**e) for e in data.get("events", [])],
             event_seq=data.get("event_seq", 0),
+            contexts=[ContextState(**c) for c in data.get("contexts", [])],
+            renumber_on_mig_switch=data.get("renumber_on_mig_switch", False),
             format=data.get("format", STATE_FORMAT),
         )
 
@@ -147,6 +178,25 @@ def raise_event(state: SimState, gpu_index: int, event_type: int, data: int, gi_
     state.event_seq += 1
     state.events.append(SimEvent(state.event_seq, gpu_index, event_type, data, gi_id, ci_id))
     del state.events[:-MAX_EVENTS]
+
+
+def device_uuids(gpu: GpuState, gi_id: int | None = None, ci_id: int | None = None) -> set[str]:
+    """The GPU's UUID and its MIG devices' (all, those of GPU instance `gi_id`, or one compute instance)."""
+    found = {gpu.uuid} if gi_id is None else set()
+    for gi in gpu.gpu_instances:
+        if gi_id is None or gi.gi_id == gi_id:
+            found.update(c.uuid for c in gi.compute_instances if ci_id is None or c.ci_id == ci_id)
+    return found
+
+
+def contexts_on(state: SimState, uuids: set[str]) -> list[ContextState]:
+    return [c for c in state.contexts if c.device_uuid in uuids]
+
+
+def renumber_minor(state: SimState, gpu: GpuState, layout_minors: list[int]) -> None:
+    """A MIG mode switch unbound and re-bound the GPU: it takes the lowest minor above every one in use."""
+    used = [g.minor if g.minor is not None else m for g, m in zip(state.gpus, layout_minors, strict=True)]
+    gpu.minor = max(used) + 1
 
 
 def fresh_state(hardware: str, seed: str) -> SimState:
@@ -161,7 +211,11 @@ class StateError(RuntimeError):
 
 
 class StateStore:
-    """Locked access to one state file. Safe across processes (fcntl) and threads (a process-local lock)."""
+    """Locked access to one state file. Safe across processes (fcntl) and threads (a process-local lock).
+
+    The state stands in for the kernel driver, which a CUDA process of any uid reaches through /dev/nvidia*: a
+    tenant's non-root process opens a context on a GPU (contexts.py) as a root one does. So the files are
+    readable and writable by every uid (a simulator's test hosts only: nothing here guards real hardware)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -206,7 +260,10 @@ class StateStore:
 
     @contextlib.contextmanager
     def _locked(self, *, exclusive: bool) -> Iterator[None]:
-        with self._thread_lock, file_locked(self._lock_path, exclusive=exclusive, mode=0o644) as fd:
+        with self._thread_lock, file_locked(self._lock_path, exclusive=exclusive, mode=0o666) as fd:
+            if os.fstat(fd).st_mode & 0o777 != 0o666:  # the umask took bits away at creation
+                with contextlib.suppress(PermissionError):
+                    os.fchmod(fd, 0o666)
             self._lock_fd = fd
             try:
                 yield
@@ -237,8 +294,12 @@ class StateStore:
 
     def _save_unlocked(self, state: SimState) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.parent.stat().st_mode & 0o1777 != 0o1777:  # others' processes write temp files here
+            with contextlib.suppress(PermissionError):
+                self.path.parent.chmod(0o1777)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(state.to_json(), indent=1, sort_keys=True))
+        tmp.chmod(0o666)
         os.replace(tmp, self.path)
         self._cache, self._cache_key = None, None
         assert self._lock_fd is not None
