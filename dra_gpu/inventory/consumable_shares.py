@@ -11,6 +11,20 @@ driver (kubernetes-sigs/dra-driver-nvidia-gpu, `cmd/gpu-kubelet-plugin/consumabl
 - a positive integer N: `memory` as in `unlimited`, plus a capacity `shares` = N with default 1, range 1..N,
   step 1: at most N claims per device (each takes one share unless it asks for more).
 
+Every other capacity of a shared device (`multiprocessors`, and on MIG devices and on whole GPUs with dynamic
+MIG `copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`) gets the request policy default 0,
+range 0..value. Kubernetes makes every capacity of an `allowMultipleAllocations` device consumable, and one
+without a policy is consumed whole by each claim that does not ask for it: without this, the first claim
+would take all the copy engines and no second claim would fit, whatever the mode. Those engines and SMs are
+not divided between the claims of a device (its processes share them by time-slicing), so a claim consumes
+none unless it asks; one that asks books what it asks for, up to the value, and gets no limit from it
+(prepare limits a share by its consumed `memory` only, with MPS; see dra_gpu/sharing/plan.py). They stay
+published, with their values, so that selectors on them (NVIDIA's
+`device.capacity['gpu.nvidia.com'].multiprocessors`) still match: a missing capacity would be a CEL runtime
+error that stops the claim's allocation. NVIDIA's full GPU publishes only `memory` without its DynamicMIG
+gate; its MIG devices, and its full GPU under DynamicMIG, carry these counts without a policy, so there each
+of them holds one claim.
+
 Which devices: whole GPUs (`gpu-<minor>`) and MIG devices that exist (kind MIG_STATIC), as NVIDIA does for its
 full GPUs and static MIG devices. MIG placements created at prepare (kind MIG_DYNAMIC) stay one claim each:
 NVIDIA shares those only under its alpha DynamicMIG gate, and here a shared placement would need its MIG
@@ -74,7 +88,11 @@ def apply_consumable_shares(device: Device, shares: ConsumableShares) -> Device:
     """`device` as published under `shares`; unchanged when disabled or the kind is not shared."""
     if not shares.enabled or device.kind not in SHAREABLE_KINDS:
         return device
-    capacity = dict(device.capacity)
+    # Not divided between claims: consumed only when asked for (see the module docstring).
+    capacity = {
+        name: replace(value, request_policy=_unshared_policy(value.value))
+        for name, value in device.capacity.items()
+    }
     memory = capacity.get(MEMORY_CAPACITY)
     if memory is not None:
         # The API server requires max and default to be multiples of the step (1Mi).
@@ -94,3 +112,9 @@ def apply_consumable_shares(device: Device, shares: ConsumableShares) -> Device:
                 ),
             )
     return replace(device, capacity=capacity, allow_multiple_allocations=True)
+
+
+def _unshared_policy(value: int) -> RequestPolicy:
+    """Default 0, any amount up to `value`. No step: the API server wants `min + step <= value`, which a
+    capacity of 0 (an engine a MIG profile lacks) could not meet."""
+    return RequestPolicy(default=0, valid_range_min=0, valid_range_max=value)

@@ -148,3 +148,43 @@ def run(
 
 def allocated_labels(explanation: ClaimExplanation) -> list[str]:
     return [r.label for r in explanation.results]
+
+
+def allocate_in_turn(
+    slices: Sequence[Mapping[str, Any]],
+    spec: Mapping[str, Any],
+    replicas: int,
+    *,
+    namespace: str = "default",
+    existing: Sequence[Mapping[str, Any]] = (),
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The claims of `replicas` pods made from one claim template (`spec`), allocated one after another as
+    kube-scheduler does, each seeing the allocations before it: (the allocated claims as the API server would
+    hold them, with shareID and consumedCapacity, and the reasons of the claims that did not fit)."""
+    from dra_gpu.cli.explain import _result_json
+
+    class_specs = {c.name: c for c in (parse_device_class(o) for o in builtin_device_classes())}
+    index = SliceIndex(slices)
+    nodes = [Node(n) for n in sorted(index.node_names)]
+    allocated: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for i in range(replicas):
+        obj: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": f"replica-{i}-gpu", "namespace": namespace},
+            "spec": dict(spec),
+        }
+        [explanation] = explain(
+            [[claim_from_object(obj)]],
+            class_specs,
+            index,
+            nodes,
+            Existing.from_claims([*existing, *allocated]),
+        )
+        if not explanation.allocatable:
+            pending.append(str(explanation.reason))
+            continue
+        results = [_result_json(r) for r in explanation.results]
+        allocated.append(obj | {"status": {"allocation": {"devices": {"results": results}}}})
+    return allocated, pending

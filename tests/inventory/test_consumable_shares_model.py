@@ -99,12 +99,22 @@ def test_gpu_devices_per_mode(
         }
     else:
         assert "shares" not in gpu["capacity"]
-    # the rest of the whole GPU is as before: attributes, counters, SM count
+    # the rest of the whole GPU is as before: attributes, counters, SM count and engine counts, the latter
+    # consumed only when a claim asks for them (without a policy each claim would take them all)
     before = _wire_device(build_slices(plain, "node-a", kubernetes), "gpu-0")
     assert {k: v for k, v in gpu.items() if k not in ("allowMultipleAllocations", "capacity")} == {
         k: v for k, v in before.items() if k != "capacity"
     }
-    assert gpu["capacity"]["multiprocessors"] == before["capacity"]["multiprocessors"]
+    assert set(gpu["capacity"]) - {"shares"} == set(before["capacity"])
+    assert {"multiprocessors", "copyEngines", "decoders"} <= set(before["capacity"])
+    for name, published in before["capacity"].items():
+        if name == "memory":
+            continue
+        value = published["value"]
+        assert gpu["capacity"][name] == {
+            "value": value,
+            "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": value}},
+        }
     # MIG placements made at prepare and our own share devices keep their policies
     for device in model.devices:
         if device.kind is DeviceKind.MIG_DYNAMIC:
@@ -126,7 +136,10 @@ def test_existing_mig_devices_are_shared_too(discovery: DiscoveryResult) -> None
         default=0, valid_range_min=0, valid_range_max=memory, valid_range_step=MIB
     )
     assert shared.capacity["shares"].value == 3
-    assert shared.capacity["copyEngines"] == placement.capacity["copyEngines"]
+    copy_engines = placement.capacity["copyEngines"].value
+    assert shared.capacity["copyEngines"] == Capacity(
+        copy_engines, request_policy=RequestPolicy(default=0, valid_range_min=0, valid_range_max=copy_engines)
+    )
     assert apply_consumable_shares(placement, ConsumableShares("count", 3)) == placement
 
 
