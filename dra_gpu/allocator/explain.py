@@ -353,16 +353,19 @@ def _allocation_configs(
 
 # What MPS does not isolate (NVIDIA's MPS documentation), said wherever a claim would share a GPU through it.
 MPS_ISOLATION_NOTES = (
-    "compute and pinned-memory limits are set on the claim's own MPS control daemon; a tenant's "
-    "environment can only lower them, but they are no security boundary: the claim's containers get the "
-    "daemon's pipe directory, so a root tenant that brings its own MPS control client can change them "
-    "(as with NVIDIA's driver, which mounts the pipe directory the same way)",
+    "shares of one GPU are clients of one MPS server and run at the same time; the server's caps are the "
+    "largest share on the GPU, and each claim's containers carry their own share as client limits "
+    "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)",
+    "what a tenant can change: lower its SMs and pinned memory (its own env); raise them up to the server's "
+    "caps (the largest share on the GPU) by changing those variables, root or not; a root tenant can change "
+    "the server's caps through the mounted pipe directory with its own MPS control client (as with NVIDIA's "
+    "driver). A process that ignores the pipe directory cannot open the GPU while the server runs (compute "
+    "mode EXCLUSIVE_PROCESS), unless the node runs the lab option --mps-leave-compute-mode",
     "memory: each Volta+ MPS client has its own GPU address space, but there is no isolation of memory "
-    "bandwidth, caches or of the GPU's memory beyond the pinned-memory limit",
-    "faults: a fatal GPU exception of one client ends every client of the same MPS server (the claim's "
-    "own containers); other claims' servers on the GPU are separate contexts, but a GPU error that needs "
-    "a reset stops every tenant of the GPU",
-    "tenants on one GPU are time-sliced between their MPS servers; use MIG for hardware isolation",
+    "bandwidth, caches or of the GPU's memory beyond the pinned-memory limit, which the client enforces "
+    "(MPS v2); for a hard boundary against a hostile tenant, use MIG",
+    "faults: a fatal GPU exception of one client can end every client of the same MPS server (every share "
+    "of the GPU); a GPU error that needs a reset stops every tenant of the GPU",
 )
 
 

@@ -178,6 +178,15 @@ def register(subparsers: Any) -> None:
         help="image of the MPS daemon pods (the driver's own image) [MPS_DAEMON_IMAGE] (required with "
         "--mps-daemon-mode=pod)",
     )
+    p.add_argument(
+        "--mps-leave-compute-mode",
+        action="store_true",
+        default=(_env("MPS_LEAVE_COMPUTE_MODE", "") or "").lower() in ("1", "true", "yes"),
+        help="LAB OPTION: leave every GPU's compute mode as it is when MPS serves it (for machines whose GPU "
+        "settings must not change). Isolation is weaker: a process that ignores its pipe directory "
+        "(CUDA_MPS_PIPE_DIRECTORY) then gets the whole GPU beside the MPS server, where EXCLUSIVE_PROCESS "
+        "would refuse it [MPS_LEAVE_COMPUTE_MODE]",
+    )
     add_device_health_args(p)
     p.add_argument(
         "--consumable-shares",
@@ -245,8 +254,16 @@ def _make_sharing_manager(
     from dra_gpu.sharing.manager import HardwareSharingManager
     from dra_gpu.sharing.mps_pods import PodLauncher
 
+    leave = bool(args.mps_leave_compute_mode)
+    if leave:
+        log.warning(
+            "--mps-leave-compute-mode: GPUs served by MPS stay in their compute mode; a process that "
+            "ignores its pipe directory can use the whole GPU"
+        )
     if args.mps_daemon_mode != "pod":
-        return HardwareSharingManager(hardware, plugin_dir, faults=faults, locks=locks)
+        return HardwareSharingManager(
+            hardware, plugin_dir, faults=faults, locks=locks, leave_compute_mode=leave
+        )
     pods = PodLauncher(
         api_client,
         namespace=args.namespace,
@@ -257,7 +274,13 @@ def _make_sharing_manager(
     )
     # a pod takes longer to be ready than a process: scheduling is skipped, but the container still starts
     return HardwareSharingManager(
-        hardware, plugin_dir, faults=faults, mps_pods=pods, mps_ready_timeout_s=60.0, locks=locks
+        hardware,
+        plugin_dir,
+        faults=faults,
+        mps_pods=pods,
+        mps_ready_timeout_s=60.0,
+        locks=locks,
+        leave_compute_mode=leave,
     )
 
 

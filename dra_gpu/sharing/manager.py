@@ -2,9 +2,16 @@
 
 For one config group of one claim, `prepare_group` executes the checked plan from `dra_gpu.sharing.plan`, in
 an order where each step can be undone: create on-demand MIG devices, set the time-slice interval, start the
-group's own MPS daemon (over full GPUs and MIG devices, or over the one GPU of its fractional shares, with the
-share's limits set on that daemon). Claims never share a daemon, a pipe or a /dev/shm. If a step fails,
+group's own MPS daemon (over full GPUs and MIG devices), or join the GPU's shares server. If a step fails,
 everything done so far is undone and SharingError says what failed; nothing is left behind.
+
+The shares of one GPU (fractional `gpu-N-shared` devices, NVIDIA's consumable shares with an MPS config or
+part of the memory) are clients of ONE MPS server: separate servers on one GPU time-slice against each other
+(seen on an H200: 4 jobs in 4 servers took 4.25x one job alone, 4 clients of one server 1.00x), so a server
+per claim would make shares no faster than time-slicing. The GPU's daemon (`shares-<GPU uuid>`, multi-user so
+that pods of any uid share its server) is started by the first share and stopped with the last; its caps are
+the largest share it serves, and each claim's container carries its own share as client limits in its env
+(a client env only lowers the server's caps). The registry counts the clients and their shares.
 
 `reconcile_mps` (called by the plugin every few seconds) restarts a prepared group's daemon that died, with
 the same limits and pipe directory, and finishes what an unprepare could not undo while a GPU was gone
@@ -33,6 +40,7 @@ from typing import Any
 import structlog
 
 from dra_gpu.config.names import ConfigError
+from dra_gpu.config.quantity import MIB, format_mib
 from dra_gpu.gpu_locks import GpuLocks
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
 from dra_gpu.hardware.types import ComputeMode, DiscoveryResult, GpuInfo, MigInstance
@@ -67,8 +75,18 @@ def group_daemon_id(claim_uid: str, uuids: Sequence[str]) -> str:
     return f"{claim_uid}-{digest}"
 
 
-def shared_daemon_id(gpu_minor: int) -> str:
-    return f"shared-gpu-{gpu_minor}"
+def shared_daemon_id(gpu_uuid: str) -> str:
+    """The daemon of a GPU's shares, named by the GPU's UUID (a minor number may change with a MIG switch),
+    lower case: it names the daemon's pod too (`dra-gpu-mps-shares-gpu-<uuid>`: 59 characters)."""
+    return f"shares-{gpu_uuid.lower()}"
+
+
+def share_caps(clients: Mapping[str, Mapping[str, Any]], memory_bytes: int) -> tuple[int, int]:
+    """A shares server's caps: the largest share's compute percentage and memory. A tenant that drops its
+    client limits gets these; one that keeps them gets its own share."""
+    compute = max((int(c.get("computePercent", 100)) for c in clients.values()), default=100)
+    memory = max((int(c.get("memoryBytes", memory_bytes)) for c in clients.values()), default=memory_bytes)
+    return compute, memory
 
 
 def edits_to_json(edits: CdiEdits) -> dict[str, Any]:
@@ -104,6 +122,7 @@ class HardwareSharingManager:
         faults: Callable[[str], None] | None = None,
         mps_pods: PodLauncher | None = None,
         locks: GpuLocks | None = None,
+        leave_compute_mode: bool = False,
     ) -> None:
         self._hardware = hardware
         self._plugin_dir = Path(plugin_dir)
@@ -116,7 +135,9 @@ class HardwareSharingManager:
             mount_shm=mount_shm,
             faults=faults,
             pods=mps_pods,
+            leave_compute_mode=leave_compute_mode,
         )
+        self._faults: Callable[[str], None] = faults or (lambda _step: None)
         self._mig = MigLifecycle(hardware, self._registry)
         # One claim's sharing change per GPU at a time (the plugin passes the prepare service's locks, which
         # a prepare already holds); GPUs of other claims go on meanwhile.
@@ -272,29 +293,56 @@ class HardwareSharingManager:
         return names
 
     def _join_shared_mps(self, claim_uid: str, share: SharePlan, state: dict[str, Any]) -> CdiEdits:
-        """The claim's own daemon over the shared GPU, its share's limits set on the daemon (a ceiling that no
-        client env can raise). The GPU keeps its compute mode: other claims' daemons serve it too."""
+        """Make the claim a client of its GPU's shares server (started by the first share): the registry
+        counts it with its share, the server's caps grow to the largest share, and the container gets its own
+        share as client limits. Holds the GPU alone (gpu_lock_keys), so joins and leaves of one GPU are one at
+        a time."""
         clients = sorted(f"{claim_uid}/{key}" for key in share.client_keys)
-        multi_user = bool(share.mps_config is not None and share.mps_config.multiUser)
-        spec = DaemonSpec(
-            daemon_id=group_daemon_id(claim_uid, [share.gpu_uuid]),
-            visible_uuids=(share.gpu_uuid,),
-            exclusive_gpus=(),
-            thread_percentage=share.compute_percent,
-            pinned_limits={share.gpu_uuid: share.memory_bytes},
-            multi_user=multi_user,
-        )
-        record = self._mps.start(spec)
-        state["mpsDaemon"] = record
+        mine = {"computePercent": share.compute_percent, "memoryBytes": share.memory_bytes}
+        facts = self._gpu_facts()
+        gpu_memory = facts[share.gpu_uuid].memory_bytes if share.gpu_uuid in facts else 0
         state["sharedMps"] = {
             "gpu": share.gpu_uuid,
             "clients": clients,
-            "daemonId": record["id"],
+            "daemonId": shared_daemon_id(share.gpu_uuid),
             "computePercent": share.compute_percent,
             "memoryBytes": share.memory_bytes,
-            "ownDaemon": True,  # older states (one daemon per GPU, in the registry) lack this
+            "ownDaemon": False,
         }
-        return client_edits(record)
+        with self._registry.update() as data:
+            entry = data["sharedMps"].get(share.gpu_uuid)
+            if entry is not None and not Path(entry["daemon"]["dir"]).is_dir():
+                entry = None  # its directory is gone (removed by hand): start anew
+            if entry is None:
+                thread, memory = share_caps(dict.fromkeys(clients, mine), gpu_memory or share.memory_bytes)
+                spec = DaemonSpec(
+                    daemon_id=shared_daemon_id(share.gpu_uuid),
+                    visible_uuids=(share.gpu_uuid,),
+                    exclusive_gpus=(share.gpu_uuid,),
+                    thread_percentage=thread,
+                    pinned_limits={share.gpu_uuid: memory},
+                    multi_user=True,  # pods of any uid: one server (per-uid servers would time-slice)
+                    shares_server=True,
+                )
+                pending = data.get("pendingComputeModes", {})
+                if share.gpu_uuid in pending:  # the mode an earlier claim could not restore: restore that one
+                    spec = replace(spec, modes_before={share.gpu_uuid: pending[share.gpu_uuid]})
+                record = self._mps.start(spec)
+                pending.pop(share.gpu_uuid, None)
+                entry = {"daemon": record, "clients": {}}
+                data["sharedMps"][share.gpu_uuid] = entry
+            entry["clients"].update(dict.fromkeys(clients, mine))
+            self._faults("shares-client-added")
+            record = entry["daemon"]
+            thread, memory = share_caps(entry["clients"], gpu_memory or share.memory_bytes)
+            if (thread, format_mib(memory)) != (
+                record.get("threadPercentage"),
+                record.get("pinnedLimits", {}).get(share.gpu_uuid),
+            ):
+                self._mps.set_limits(record, thread, {share.gpu_uuid: memory})
+        return client_edits(
+            record, thread_percentage=share.compute_percent, pinned_mib=share.memory_bytes // MIB
+        )
 
     # ---- unprepare -----------------------------------------------------------------------------------------
 
@@ -339,18 +387,40 @@ class HardwareSharingManager:
         return problems
 
     def _leave_shared_mps(self, gpu_uuid: str, client_keys: Sequence[str]) -> list[str]:
+        """The claim's clients leave the GPU's shares server: the last one stops it (and its compute mode is
+        put back); otherwise the caps shrink to the largest share left."""
         with self._registry.update() as data:
             entry = data["sharedMps"].get(gpu_uuid)
             if entry is None:
                 return []
             for key in client_keys:
                 entry["clients"].pop(key, None)
+            self._faults("shares-client-removed")
             if entry["clients"]:
-                return []
+                return self._shrink_caps(gpu_uuid, entry)
             problems = self._mps.stop(entry["daemon"], on_gpu_gone=self._restore_later)
             if not problems:
                 del data["sharedMps"][gpu_uuid]
             return problems
+
+    def _shrink_caps(self, gpu_uuid: str, entry: dict[str, Any]) -> list[str]:
+        """Hold a shares server to the largest share it still serves (a leaving share's caps must go)."""
+        record = entry["daemon"]
+        if not entry.get("daemon", {}).get("sharesServer"):
+            return []  # a per-GPU daemon from before the shares server: its limits are its only client's
+        gpus = self._gpu_facts()
+        memory_bytes = gpus[gpu_uuid].memory_bytes if gpu_uuid in gpus else 0
+        thread, memory = share_caps(entry["clients"], memory_bytes)
+        if (thread, format_mib(memory)) == (
+            record.get("threadPercentage"),
+            record["pinnedLimits"].get(gpu_uuid),
+        ):
+            return []
+        try:
+            self._mps.set_limits(record, thread, {gpu_uuid: memory})
+        except SharingError as err:  # the record holds the new caps: the reconcile pass sets them
+            log.warning("shares server caps not lowered yet", gpu=gpu_uuid, error=str(err))
+        return []
 
     def _restore_later(self, gpu_uuid: str, mode: int) -> None:
         """A compute mode to put back when the GPU returns (it fell off the bus during unprepare)."""
@@ -398,9 +468,10 @@ class HardwareSharingManager:
         (written while it starts) says how to stop it and which compute modes to restore. Returns their ids.
         """
         with self._locks.node():
+            owned_states = list(owned_states)
+            stopped: list[str] = self._release_unowned_share_clients(owned_states)
             owned = {s["mpsDaemon"]["id"] for s in owned_states if s.get("mpsDaemon")}
             owned |= {e["daemon"]["id"] for e in self._registry.read()["sharedMps"].values()}
-            stopped: list[str] = []
             for directory in self._mps.daemon_dirs():
                 if directory.name in owned:
                     continue
@@ -415,6 +486,31 @@ class HardwareSharingManager:
                 stopped.append(directory.name)
             stopped += self._mps.stop_unowned_pods(owned)
             return stopped
+
+    def _release_unowned_share_clients(self, owned_states: Sequence[Mapping[str, Any]]) -> list[str]:
+        """A crash between a share joining its GPU's server and its claim being checkpointed leaves a client
+        in the registry that no claim will ever remove: drop it (the kubelet's retry joins again), and stop a
+        server left without clients. Returns the daemons stopped."""
+        owned = {key for s in owned_states if s.get("sharedMps") for key in s["sharedMps"].get("clients", ())}
+        stopped: list[str] = []
+        with self._registry.update() as data:
+            for gpu_uuid, entry in sorted(data["sharedMps"].items()):
+                unowned = sorted(set(entry["clients"]) - owned)
+                for key in unowned:
+                    del entry["clients"][key]
+                if unowned:
+                    log.info("dropped share clients no claim owns", gpu=gpu_uuid, clients=unowned)
+                if entry["clients"]:
+                    if unowned:
+                        self._shrink_caps(gpu_uuid, entry)
+                    continue
+                problems = self._mps.stop(entry["daemon"], on_gpu_gone=self._restore_later)
+                if problems:
+                    log.error("cannot stop a shares server without clients", gpu=gpu_uuid, problems=problems)
+                    continue
+                del data["sharedMps"][gpu_uuid]
+                stopped.append(entry["daemon"]["id"])
+        return stopped
 
     def revive_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> list[str]:
         """At start-up: restart, in place, the MPS daemons that prepared groups still need but that no longer
@@ -435,13 +531,16 @@ class HardwareSharingManager:
                 # must not find its daemon restarted behind its back.
                 with self._locks.gpus(self._gpus_of(state["mpsDaemon"])):
                     self._reconcile_one(self._mps.latest(state["mpsDaemon"]), report)
+        for gpu_uuid in sorted(self._registry.read()["sharedMps"]):
+            with self._locks.gpus([gpu_uuid]), self._registry.update() as data:
+                entry = data["sharedMps"].get(gpu_uuid)
+                if entry is not None and entry["clients"]:
+                    self._reconcile_one(entry["daemon"], report)
+                    entry["daemon"] = self._mps.latest(entry["daemon"])
         if not self._node_work_pending():
             return report
-        with self._locks.node():  # rare (a GPU came back, legacy shared daemons): the whole node at once
+        with self._locks.node():  # rare (a GPU came back): the whole node at once
             with self._registry.update() as data:
-                for entry in data["sharedMps"].values():
-                    if entry["clients"]:
-                        self._reconcile_one(entry["daemon"], report)
                 pending = data.setdefault("pendingComputeModes", {})
                 for uuid, mode in sorted(pending.items()):
                     try:
@@ -462,8 +561,7 @@ class HardwareSharingManager:
         """Whether the registry holds anything for the node-wide part of a reconcile pass."""
         data = self._registry.read()
         return bool(
-            any(e["clients"] for e in data["sharedMps"].values())
-            or data.get("pendingComputeModes")
+            data.get("pendingComputeModes")
             or data.get("pendingTimeSliceResets")
             or data.get("pendingMigDestroy")
         )
@@ -484,6 +582,13 @@ class HardwareSharingManager:
             return
         gpus = self._gpus_of(record)
         if self._mps.pod_exists(record):
+            try:
+                if self._mps.place_staged(record):  # the kubelet restarted its container: now limited
+                    self._kubelet_restarting.pop(record["id"], None)
+                    report.limits_restored.append(record["id"])
+                    return
+            except (SharingError, OSError) as err:
+                log.error("cannot put a restarted MPS daemon in place", id=record["id"], error=str(err))
             # Its pod is there but the daemon does not answer: the kubelet restarts the container in place
             # (restartPolicy Always). Starting another would only wait under the lock; report it when it
             # stays so for longer than a container restart takes.

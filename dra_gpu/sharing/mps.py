@@ -1,22 +1,29 @@
 """MPS: control daemons started by the plugin, their limits, and the container edits that connect to them.
 
 A daemon is a real, detached process: `<driver root>/usr/bin/nvidia-cuda-mps-control -d` with
-`CUDA_VISIBLE_DEVICES` (the UUIDs it serves), `CUDA_MPS_PIPE_DIRECTORY` and `CUDA_MPS_LOG_DIRECTORY` pointing
-at `<plugin dir>/mps/<id>/{pipe,log}`. Its clients share `<plugin dir>/mps/<id>/shm`, a size-limited tmpfs
-like NVIDIA's (`size=MemTotal/2`), mounted at the containers' `/dev/shm`; when mounting is not possible the
-directory is used as it is and the record says so (`shmMounted: false`). Before the daemon starts, the full
-GPUs it serves are switched to compute mode EXCLUSIVE_PROCESS, so that only the MPS server can open them; the
-previous mode is restored when the daemon stops.
+`CUDA_VISIBLE_DEVICES` (the UUIDs it serves), run in a private mount namespace where its host directories
+`<plugin dir>/mps/<id>/stage` and `.../log` are /tmp/nvidia-mps and /var/log/nvidia-mps (mps_namespace.py: the
+real tool refuses a long pipe directory). Once it holds its limits, `stage` becomes `<id>/clients/pipe`, the
+directory containers reach (mounted at /tmp/nvidia-mps, pipe /tmp/nvidia-mps/pipe). Its clients share
+`<plugin dir>/mps/<id>/shm`, a size-limited tmpfs like NVIDIA's (`size=MemTotal/2`), mounted at the
+containers' `/dev/shm`; when mounting is not possible the directory is used as it is and the record says so
+(`shmMounted: false`). Before the daemon starts, the full GPUs it serves are switched to compute mode
+EXCLUSIVE_PROCESS, so that only the MPS server can open them (MPS's guide: a process that ignores the pipe
+directory would otherwise get the whole GPU); the previous mode is restored when the daemon stops. The lab
+option `leave_compute_mode` (--mps-leave-compute-mode) skips that, for machines whose GPU settings must not
+change: then a tenant that drops its pipe directory reaches the whole GPU.
 
 Readiness is proven before prepare returns: the daemon must answer `get_server_list` through its control pipe
-and have written its log. Limits are set ON THE CONTROL DAEMON (`set_default_active_thread_percentage N`,
-`set_default_device_pinned_mem_limit <uuid> <N>M`) and nowhere else: NVIDIA documents that a client's own
-`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` / `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` can only lower the daemon's setting,
-so a tenant's environment cannot raise its share, and a value the user put in the pod spec (which can only
-lower it) is left alone. (No security boundary: the pipe directory a client needs is also the daemon's control
-channel, so a root tenant that brings its own control client can change the limits; NVIDIA's driver is the
-same.) The container gets `CUDA_MPS_PIPE_DIRECTORY` and the pipe/shm mounts only;
-the control binary is never mounted into workloads.
+and have written its log. Limits are set on the control daemon (`set_default_active_thread_percentage N`,
+`set_default_device_pinned_mem_limit <uuid> <N>M`): they are the caps of the next MPS server it spawns, and a
+client's own `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` / `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` can only lower them. A
+server already running keeps the caps it was spawned with (seen on the H200), so limits that change, and the
+reconcile pass, also set them per running server (`set_active_thread_percentage <pid> N`,
+`set_device_pinned_mem_limit <pid> <uuid> <N>M`). (No security boundary against root: the pipe directory a
+client needs is also the daemon's control channel, so a root tenant that brings its own control client can
+change the limits; NVIDIA's driver is the same.) The container gets `CUDA_MPS_PIPE_DIRECTORY`, the pipe/shm
+mounts and, for a share of a GPU's common server, its own limits in its env; the control binary is never
+mounted into workloads.
 
 The daemon is detached (its own session; `-d` daemonizes) so it outlives the plugin process. It is known by
 what cannot be reused: its pipe directory (commands go through the pipe) plus its pid AND that process's start
@@ -46,13 +53,22 @@ from dra_gpu.config.quantity import format_mib
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
 from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.interface import CdiEdits, CdiMount, SharingError
+from dra_gpu.sharing.mps_namespace import (
+    CONTAINER_MPS_DIR,
+    CONTAINER_PIPE_DIR,
+    DAEMON_LOG_DIR,
+    DAEMON_PIPE_DIR,
+    in_daemon_view,
+    place,
+)
 from dra_gpu.sharing.mps_pods import PodLauncher, pod_limit_env
 from dra_gpu.sharing.tmpfs import mount_tmpfs, unmount
 
 log = structlog.get_logger(__name__)
 
 CONTROL_BINARY = "usr/bin/nvidia-cuda-mps-control"
-CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"
+LEGACY_CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"  # records of layout 1 (before staging) mount the pipe here
+LAYOUT = 2  # record["layout"]: 2 = stage/ and clients/pipe; absent = 1 (the pipe directory itself mounted)
 CONTAINER_SHM_DIR = "/dev/shm"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the simulated daemon; absent on some real drivers
 LOG_FILE = "control.log"
@@ -78,6 +94,7 @@ class DaemonSpec:
     # gpu uuid -> the compute mode to restore at stop when known better than the GPU's current one (a mode an
     # earlier claim could not restore because the GPU was gone: the GPU must end as it was before both)
     modes_before: Mapping[str, int] | None = None
+    shares_server: bool = False  # the common server of a GPU's shares (clients carry their limits in env)
 
 
 def process_start_time(pid: int | None) -> int | None:
@@ -126,6 +143,25 @@ def limit_commands(record: Mapping[str, Any]) -> list[str]:
     return limits
 
 
+def server_limit_commands(record: Mapping[str, Any], server_pids: Sequence[int]) -> list[str]:
+    """The record's limits for MPS servers already running: `set_default_*` reaches only the next server, so a
+    server spawned before a limit changed (or before a restarted daemon got its limits) is set one by one."""
+    commands: list[str] = []
+    for pid in server_pids:
+        if record.get("threadPercentage") is not None:
+            commands.append(f"set_active_thread_percentage {pid} {record['threadPercentage']}")
+        commands += [
+            f"set_device_pinned_mem_limit {pid} {uuid} {value}"
+            for uuid, value in sorted(record.get("pinnedLimits", {}).items())
+        ]
+    return commands
+
+
+def parse_server_list(text: str) -> list[int]:
+    """`get_server_list`'s answer: the running servers' pids, one per line."""
+    return [int(word) for word in text.split() if word.isdigit()]
+
+
 def _memory_mib(text: str) -> float | None:
     """`4096M`, `4G`, `4.0G` (get_default_device_pinned_mem_limit's answer) -> MiB; None when unset."""
     match = _MEMORY_RE.match(text.strip())
@@ -134,16 +170,25 @@ def _memory_mib(text: str) -> float | None:
     return float(match.group(1)) * (1024 if match.group(2) == "G" else 1)
 
 
-def client_edits(record: Mapping[str, Any]) -> CdiEdits:
+def client_edits(
+    record: Mapping[str, Any], *, thread_percentage: int | None = None, pinned_mib: int | None = None
+) -> CdiEdits:
     """What a container needs to be an MPS client of the daemon in `record`: the pipe directory and the shared
-    memory. No limits: they are the daemon's (a client env can only lower them, so the user's own pod env is
-    left to do that)."""
-    env = [f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"]
-    mounts = (
-        CdiMount(record["pipeDir"], CONTAINER_PIPE_DIR),
-        CdiMount(record["shmDir"], CONTAINER_SHM_DIR),
-    )
-    return CdiEdits(env=tuple(env), mounts=mounts)
+    memory; for a share of a GPU's common server, its own limits too (`thread_percentage`, `pinned_mib`):
+    the server's caps are the largest share's, and a client's env lowers them to its own (MPS docs: a client
+    setting only further constrains the daemon's). The container sees one GPU, so the memory limit names
+    device 0."""
+    if record.get("layout") == LAYOUT:
+        env = [f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"]
+        pipe_mount = CdiMount(record["clientsDir"], CONTAINER_MPS_DIR)
+    else:
+        env = [f"CUDA_MPS_PIPE_DIRECTORY={LEGACY_CONTAINER_PIPE_DIR}"]
+        pipe_mount = CdiMount(record["pipeDir"], LEGACY_CONTAINER_PIPE_DIR)
+    if thread_percentage is not None:
+        env.append(f"{THREAD_ENV}={thread_percentage}")
+    if pinned_mib is not None:
+        env.append(f"{PINNED_ENV}=0={pinned_mib}M")
+    return CdiEdits(env=tuple(env), mounts=(pipe_mount, CdiMount(record["shmDir"], CONTAINER_SHM_DIR)))
 
 
 class MpsDaemons:
@@ -157,8 +202,10 @@ class MpsDaemons:
         mount_shm: bool = True,
         faults: Callable[[str], None] | None = None,
         pods: PodLauncher | None = None,
+        leave_compute_mode: bool = False,
     ) -> None:
         self._hardware = hardware
+        self._leave_compute_mode = leave_compute_mode
         self._pods = pods  # None: detached processes (the `process` launcher); else one pod per daemon
         self._base = plugin_dir / "mps"
         self._ready_timeout_s = ready_timeout_s
@@ -195,12 +242,12 @@ class MpsDaemons:
             root.mkdir(parents=True, exist_ok=True)
             _save_record(record)
             self._faults("mps-record-written")
-            for name in ("pipe", "log", "shm"):
+            for name in ("clients", "stage", "log", "shm"):
                 (root / name).mkdir(parents=True, exist_ok=True)
             record["shmMounted"] = self._mount_tmpfs(root / "shm")
             _save_record(record)
             self._faults("mps-shm-mounted")
-            for uuid in spec.exclusive_gpus:
+            for uuid in () if self._leave_compute_mode else spec.exclusive_gpus:
                 current = int(self._hardware.get_compute_mode(uuid))
                 record["computeModes"][uuid] = (spec.modes_before or {}).get(uuid, current)
                 _save_record(record)  # the mode to restore is known before it is changed
@@ -208,8 +255,10 @@ class MpsDaemons:
             self._faults("mps-compute-mode-set")
             self._launch(record)
             self._faults("mps-daemon-started")
-            self._wait_ready(record, limit_commands(record))
+            self._wait_ready(record, limit_commands(record), at=record["stageDir"])
             self._faults("mps-limits-set")
+            place(Path(record["stageDir"]), Path(record["pipeDir"]))  # containers may reach it from now on
+            self._faults("mps-daemon-placed")
         except (SharingError, HardwareError, OSError) as err:
             problems = self.stop(record)
             detail = f" (cleanup: {'; '.join(problems)})" if problems else ""
@@ -228,8 +277,11 @@ class MpsDaemons:
     def _record_for(self, spec: DaemonSpec, root: Path, pid: int | None, shm_mounted: bool) -> dict[str, Any]:
         return {
             "id": spec.daemon_id,
+            "layout": LAYOUT,
             "dir": str(root),
-            "pipeDir": str(root / "pipe"),
+            "clientsDir": str(root / "clients"),  # what containers mount
+            "pipeDir": str(root / "clients" / "pipe"),  # the serving daemon's pipe, once it holds its limits
+            "stageDir": str(root / "stage"),  # where a daemon starts, out of the containers' reach
             "logDir": str(root / "log"),
             "shmDir": str(root / "shm"),
             "shmMounted": shm_mounted,
@@ -239,6 +291,7 @@ class MpsDaemons:
             "threadPercentage": spec.thread_percentage,
             "pinnedLimits": {u: format_mib(v) for u, v in sorted((spec.pinned_limits or {}).items())},
             "multiUser": spec.multi_user,
+            "sharesServer": spec.shares_server,
             "startTime": None,  # with pid: the daemon's identity (see process_start_time)
         }
 
@@ -246,19 +299,29 @@ class MpsDaemons:
         """Start the control daemon detached (`-d` forks it into its own session: it is no child of ours and
         outlives this process) and learn its identity: pid from the pid file, checked to be an MPS control
         process, plus its start time."""
+        start_dir = Path(record["stageDir"] if record.get("layout") == LAYOUT else record["pipeDir"])
         with contextlib.suppress(FileNotFoundError):
-            (Path(record["pipeDir"]) / PID_FILE).unlink()  # a previous daemon's; it is gone
+            (start_dir / PID_FILE).unlink()  # a previous daemon's; it is gone
         if self._pods is not None:
             # its own pod: pid and start time are the pod's business; the pod UID is the identity
             record["launcher"], record["pid"], record["startTime"] = "pod", None, None
             _save_record(record)  # before the pod exists: a crash leaves the name to find it by
             env = {**self._env(record), **daemon_limit_env(record), **pod_limit_env(limit_commands(record))}
+            if record.get("layout") != LAYOUT:  # its pod mounts the pipe at the host path (mps_pods.py)
+                env.update(CUDA_MPS_PIPE_DIRECTORY=record["pipeDir"], CUDA_MPS_LOG_DIRECTORY=record["logDir"])
             self._pods.launch(record, env)
             _save_record(record)
             return
         args = ["-d", "-M"] if record.get("multiUser") else ["-d"]
-        self._run(record, args, None, what="starting the MPS control daemon", env=daemon_limit_env(record))
-        pid = self._read_pid(Path(record["pipeDir"]))
+        self._run(
+            record,
+            args,
+            None,
+            what="starting the MPS control daemon",
+            env=daemon_limit_env(record),
+            at=str(start_dir),
+        )
+        pid = self._read_pid(start_dir)
         start_time = process_start_time(pid) if _is_mps_process(pid) else None
         record["pid"] = pid if start_time is not None else None
         record["startTime"] = start_time
@@ -294,24 +357,65 @@ class MpsDaemons:
         return all(held["pinnedLimits"].get(uuid) == value for uuid, value in wanted.items())
 
     def ensure_limits(self, record: Mapping[str, Any]) -> bool:
-        """For a daemon in a pod, after `alive` said it runs: when its container restarted since this process
-        last looked (or it has not looked yet), check the daemon's limits and set them again where they
-        differ. The kubelet restarts a daemon that exits in place; its pod's entrypoint sets the limits, and
-        this is the check that they are in force. True when limits had to be set again; SharingError when
-        that failed."""
+        """After `alive` said the daemon runs: hold it and its running servers to the record's limits.
+
+        The servers are what clients get: a server keeps the caps it was spawned with, so one spawned before
+        the daemon had its limits (a restart, a tenant quick enough) or before they changed would serve
+        without them for good (seen on the H200). Every server that appeared since the last check, and every
+        server when the daemon restarted or the limits changed, is set by pid. For a daemon in a pod whose
+        container restarted, the defaults are checked and set again where they differ. True when a daemon's
+        defaults had to be set again; SharingError when setting failed."""
         latest = self.latest(record)
-        if latest.get("launcher") != "pod" or self._pods is None:
-            return False
-        restarts = self._observed_restarts.get(latest["id"])  # read by `alive` just before: no second GET
-        if restarts is None or self._checked_restarts.get(latest["id"]) == restarts:
-            return False
         applied = False
-        if limit_commands(latest) and not self.holds_limits(latest):
-            log.warning("MPS daemon lost its limits; setting them again", id=latest["id"], restarts=restarts)
-            self._wait_ready(latest, limit_commands(latest))
+        if latest.get("launcher") == "pod" and self._pods is not None:
+            restarts = self._observed_restarts.get(latest["id"])  # read by `alive` just before: no second GET
+            if restarts is not None and self._checked_restarts.get(latest["id"]) != restarts:
+                if limit_commands(latest) and not self.holds_limits(latest):
+                    log.warning(
+                        "MPS daemon lost its limits; setting them again", id=latest["id"], restarts=restarts
+                    )
+                    self._wait_ready(latest, limit_commands(latest))
+                    applied = True
+                self._checked_restarts[latest["id"]] = restarts
+        if not limit_commands(latest):
+            return applied
+        servers = self.server_pids(latest)
+        off = self._servers_off_limits(latest, servers)
+        if off:
+            log.warning("MPS servers without the daemon's limits; setting them", id=latest["id"], servers=off)
+            self.commands(latest, server_limit_commands(latest, off))
             applied = True
-        self._checked_restarts[latest["id"]] = restarts
         return applied
+
+    def _servers_off_limits(self, record: Mapping[str, Any], servers: Sequence[int]) -> list[int]:
+        """The running servers whose own limits are not the record's, asked in one control session. An
+        answer that cannot be read as expected counts every server as off (setting them again is harmless)."""
+        if not servers:
+            return []
+        queries: list[str] = []
+        wanted: list[tuple[int, str | float]] = []
+        for pid in servers:
+            if record.get("threadPercentage") is not None:
+                queries.append(f"get_active_thread_percentage {pid}")
+                wanted.append((pid, float(record["threadPercentage"])))
+            for uuid, value in sorted(record.get("pinnedLimits", {}).items()):
+                queries.append(f"get_device_pinned_mem_limit {pid} {uuid}")
+                wanted.append((pid, value))
+        answers = [line.strip() for line in self.commands(record, queries).splitlines() if line.strip()]
+        if len(answers) != len(wanted):
+            return list(servers)
+        off: set[int] = set()
+        for (pid, value), answer in zip(wanted, answers, strict=True):
+            if isinstance(value, float):
+                try:
+                    same = round(float(answer)) == round(value)
+                except ValueError:
+                    same = False
+            else:
+                same = _memory_mib(answer) == _memory_mib(value)
+            if not same:
+                off.add(pid)
+        return sorted(off)
 
     def _mount_tmpfs(self, path: Path) -> bool:
         if not self._mount_shm:
@@ -332,8 +436,9 @@ class MpsDaemons:
         # limits come from the record only (daemon_limit_env), never from whatever this process inherited
         env = {k: v for k, v in os.environ.items() if k not in (THREAD_ENV, PINNED_ENV)}
         env["CUDA_VISIBLE_DEVICES"] = ",".join(record["visibleDevices"])
-        env["CUDA_MPS_PIPE_DIRECTORY"] = record["pipeDir"]
-        env["CUDA_MPS_LOG_DIRECTORY"] = record["logDir"]
+        # the daemon's view (mps_namespace.py): its host directories are bound at these short paths
+        env["CUDA_MPS_PIPE_DIRECTORY"] = DAEMON_PIPE_DIR
+        env["CUDA_MPS_LOG_DIRECTORY"] = DAEMON_LOG_DIR
         libs = [os.path.join(root, d) for d in LIB_DIRS if os.path.isdir(os.path.join(root, d))]
         if libs:
             env["LD_LIBRARY_PATH"] = ":".join([*libs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
@@ -349,17 +454,20 @@ class MpsDaemons:
         what: str,
         timeout_s: float = 30,
         env: Mapping[str, str] | None = None,
+        at: str | None = None,
     ) -> str:
-        """Run the control binary. A daemon serves one control session at a time and refuses a second at once
-        (BUSY: the daemon pod's entrypoint, an admin's session); a command session is tried again until
-        `timeout_s` has passed."""
+        """Run the control binary where the daemon's pipe directory (`at`, by default the one that serves:
+        `control_dir`) is /tmp/nvidia-mps. A daemon serves one control session at a time and refuses a second
+        at once (BUSY: the daemon pod's entrypoint, an admin's session); a command session is tried again
+        until `timeout_s` has passed."""
         binary = os.path.join(self._hardware.driver_root(), CONTROL_BINARY)
+        argv = in_daemon_view(at or control_dir(record), record["logDir"], [binary, *args])
         deadline = time.monotonic() + timeout_s
         delay = 0.02
         while True:
             try:
                 done = subprocess.run(
-                    [binary, *args],
+                    argv,
                     input=stdin,
                     capture_output=True,
                     text=True,
@@ -377,11 +485,47 @@ class MpsDaemons:
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
 
-    def command(self, record: Mapping[str, Any], line: str, timeout_s: float = 30) -> str:
+    def command(
+        self, record: Mapping[str, Any], line: str, timeout_s: float = 30, at: str | None = None
+    ) -> str:
         """Send one control command (`echo line | nvidia-cuda-mps-control`); raise SharingError on failure."""
-        return self._run(record, [], line + "\n", what=f"MPS control command {line!r}", timeout_s=timeout_s)
+        return self._run(
+            record, [], line + "\n", what=f"MPS control command {line!r}", timeout_s=timeout_s, at=at
+        )
 
-    def _wait_ready(self, record: Mapping[str, Any], limits: Sequence[str] = ()) -> None:
+    def commands(self, record: Mapping[str, Any], lines: Sequence[str], timeout_s: float = 30) -> str:
+        """Several control commands in one session (one start of the control binary)."""
+        if not lines:
+            return ""
+        what = f"MPS control commands ({'; '.join(lines)})"
+        return self._run(record, [], "\n".join(lines) + "\n", what=what, timeout_s=timeout_s)
+
+    def server_pids(self, record: Mapping[str, Any]) -> list[int]:
+        """The MPS servers the daemon runs now (`get_server_list`)."""
+        return parse_server_list(self.command(record, "get_server_list", timeout_s=5))
+
+    def set_limits(
+        self, record: dict[str, Any], thread_percentage: int | None, pinned_limits: Mapping[str, int]
+    ) -> None:
+        """Change a running daemon's limits: its defaults (the next server) and every server it runs now.
+        The record (and its copy beside the daemon) is updated first: the reconcile pass holds the daemon to
+        it, so a crash in between is repaired there."""
+        record["threadPercentage"] = thread_percentage
+        record["pinnedLimits"] = {u: format_mib(v) for u, v in sorted(pinned_limits.items())}
+        _save_record(record)
+        self._faults("mps-limits-recorded")
+        self._apply_limits(record)
+
+    def _apply_limits(self, record: Mapping[str, Any]) -> bool:
+        """Set the record's limits as the daemon's defaults and on each running server; True when a running
+        server had to be set (it may have served without them)."""
+        servers = self.server_pids(record)
+        self.commands(record, limit_commands(record) + server_limit_commands(record, servers))
+        return bool(servers)
+
+    def _wait_ready(
+        self, record: Mapping[str, Any], limits: Sequence[str] = (), *, at: str | None = None
+    ) -> None:
         """Wait until the daemon answers `get_server_list` and has written its log, and set `limits` in the
         same run of the control binary (each run costs a process start: one run, not two)."""
         deadline = time.monotonic() + self._ready_timeout_s
@@ -395,7 +539,7 @@ class MpsDaemons:
         while True:
             try:
                 remaining = max(deadline - time.monotonic(), 0.5)
-                self._run(record, [], "\n".join(lines) + "\n", what=what, timeout_s=remaining)
+                self._run(record, [], "\n".join(lines) + "\n", what=what, timeout_s=remaining, at=at)
                 if log_file.exists():
                     return
                 last = f"{log_file} was not written"
@@ -427,19 +571,44 @@ class MpsDaemons:
             return BUSY in str(err)
 
     def restart(self, record: dict[str, Any]) -> None:
-        """Start the daemon of `record` again in place (same pipe directory, mount and limits), e.g. after it
-        died or was killed. Containers that bind-mounted the pipe and shm directories keep working with the
-        new daemon, so nothing is removed. Updates the record's identity (pid, startTime)."""
+        """Start the daemon of `record` again (same limits, same `clients` directory for the containers), e.g.
+        after it died or was killed. It starts in a fresh `stage/` and takes the place of the dead one's pipe
+        only once it holds its limits, so no client reaches it before. Containers that bind-mounted the
+        clients and shm directories keep working with the new daemon. Updates the record's identity."""
         root = Path(record["dir"])
-        for name in ("pipe", "log", "shm"):
+        staged = record.get("layout") == LAYOUT
+        if staged:
+            shutil.rmtree(record["stageDir"], ignore_errors=True)  # what a dead daemon may have left there
+        for name in ("clients", "stage", "log", "shm") if staged else ("pipe", "log", "shm"):
             (root / name).mkdir(parents=True, exist_ok=True)
         if record.get("shmMounted") and not _is_mount_point(root / "shm"):
             record["shmMounted"] = self._mount_tmpfs(root / "shm")
         for uuid in record.get("computeModes", {}):
             self._hardware.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
         self._launch(record)
-        self._wait_ready(record, limit_commands(record))
+        self._faults("mps-daemon-started")
+        if staged:
+            self._wait_ready(record, limit_commands(record), at=record["stageDir"])
+            place(Path(record["stageDir"]), Path(record["pipeDir"]))
+        else:
+            self._wait_ready(record, limit_commands(record))
         log.info("MPS daemon restarted", id=record["id"], pid=record["pid"])
+
+    def place_staged(self, record: Mapping[str, Any]) -> bool:
+        """A daemon pod's container restarted by the kubelet starts its daemon in `stage/` (its hostPath):
+        when one answers there, give it its limits and put it where the clients look. True when it did."""
+        latest = self.latest(record)
+        stage = latest.get("stageDir")
+        if latest.get("layout") != LAYOUT or not stage or not Path(stage).is_dir():
+            return False
+        try:
+            self.command(latest, "get_server_list", timeout_s=2, at=stage)
+        except SharingError:
+            return False
+        self._wait_ready(latest, limit_commands(latest), at=stage)
+        place(Path(stage), Path(latest["pipeDir"]))
+        log.info("restarted MPS daemon put in place with its limits", id=latest["id"])
+        return True
 
     def alive(self, record: Mapping[str, Any]) -> bool:
         """The daemon named by the record's latest identity runs and answers on its pipe."""
@@ -512,12 +681,16 @@ class MpsDaemons:
                 )
             else:
                 problems += self._pods.stop(latest)  # the pod's preStop hook sends `quit`
-        elif Path(record["pipeDir"]).is_dir():
-            try:
-                self.command(record, "quit", timeout_s=self._stop_timeout_s)
-            except SharingError as err:
-                if same_process(pid, start_time):
-                    log.warning("MPS quit failed; will kill", id=record["id"], error=str(err))
+        else:
+            # the serving daemon, and one still in `stage/` (a crash before it was put in place)
+            for where in (record["pipeDir"], record.get("stageDir")):
+                if not where or not Path(where).is_dir():
+                    continue
+                try:
+                    self.command(record, "quit", timeout_s=self._stop_timeout_s, at=where)
+                except SharingError as err:
+                    if same_process(pid, start_time) and NOT_RUNNING not in str(err):
+                        log.warning("MPS quit failed; will kill", id=record["id"], error=str(err))
         if not _wait_gone(pid, start_time, self._stop_timeout_s):
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 if pid is not None and same_process(pid, start_time):
@@ -556,6 +729,14 @@ class MpsDaemons:
         if not problems:
             log.info("MPS daemon stopped", id=record["id"], pid=pid)
         return problems
+
+
+def control_dir(record: Mapping[str, Any]) -> str:
+    """The pipe directory of the daemon that serves: `clients/pipe` once placed, else `stage/` (a daemon still
+    starting, or left there by a crash); the pipe directory itself for records of layout 1."""
+    if record.get("layout") == LAYOUT and not os.path.isdir(record["pipeDir"]):
+        return str(record["stageDir"])
+    return str(record["pipeDir"])
 
 
 def _save_record(record: Mapping[str, Any]) -> None:

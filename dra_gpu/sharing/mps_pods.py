@@ -14,8 +14,9 @@ a rolling update of the plugin must not garbage-collect it.
 
 The daemon is known by its pod UID: deletion uses a UID precondition, so a pod of the same name created
 since (another attempt, another plugin) is never deleted by mistake. The container runs the driver root's
-`nvidia-cuda-mps-control -f` with the claim's pipe and log directories mounted at their host paths (which the
-plugin and the workloads' CDI mounts also use) and the claim's shm tmpfs at /dev/shm; a preStop hook sends
+`nvidia-cuda-mps-control -f` with the daemon's `stage` and log directories mounted at /tmp/nvidia-mps and
+/var/log/nvidia-mps (the real tool refuses long pipe paths; the plugin puts `stage` where the workloads' CDI
+mounts look once the daemon holds its limits) and the claim's shm tmpfs at /dev/shm; a preStop hook sends
 `quit` so the daemon stops its servers cleanly when the pod is deleted.
 """
 
@@ -31,6 +32,7 @@ from typing import Any
 import structlog
 
 from dra_gpu.sharing.interface import SharingError
+from dra_gpu.sharing.mps_namespace import DAEMON_LOG_DIR, DAEMON_PIPE_DIR
 
 log = structlog.get_logger(__name__)
 
@@ -121,10 +123,17 @@ class PodLauncher:
         keep = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", LIMITS_ENV,
                 "LD_LIBRARY_PATH", "PATH", "DRA_GPU_SIM_ROOT")  # fmt: skip
+        if record.get("stageDir"):
+            # The daemon starts in `stage/`, which no container mounts, seen at the short path the real tool
+            # needs (mps_namespace.py); the plugin puts it where clients look once it holds its limits. A
+            # container the kubelet restarts binds `stage/` anew: a fresh directory, placed the same way.
+            pipe, logs = (record["stageDir"], DAEMON_PIPE_DIR), (record["logDir"], DAEMON_LOG_DIR)
+        else:  # a record from before staging: the pipe directory at its host path
+            pipe, logs = (record["pipeDir"], record["pipeDir"]), (record["logDir"], record["logDir"])
         volumes = [
             ("driver-root", self.host_driver_root, self.container_driver_root, None),
-            ("pipe", record["pipeDir"], record["pipeDir"], None),
-            ("log", record["logDir"], record["logDir"], None),
+            ("pipe", *pipe, None),
+            ("log", *logs, None),
             # the MPS server and its clients share memory through /dev/shm: the claim's own tmpfs
             ("shm", record["shmDir"], "/dev/shm", "HostToContainer"),
         ]

@@ -14,14 +14,15 @@ Semantics of the combinations:
 - MPS starts one control daemon for the group, over its full GPUs and/or MIG devices (MPS runs per MIG device
   on a MIG-enabled GPU). Pre-Volta GPUs (compute capability < 7.0) cannot run it.
 - A whole GPU shared by `--consumable-shares` (allowMultipleAllocations, the result has a shareID) whose claim
-  consumed part of its memory is enforced like a GPU_SHARE device (pinned memory = the consumed memory, every
-  SM) when the group holds nothing else; otherwise it is given as NVIDIA's driver gives it, without limits.
-  MPS on a device other claims share is refused, as there (one claim's daemon would take it from the others).
-- A fractional share (GPU_SHARE device) is always enforced with MPS limits taken from its consumed capacity,
-  set on the claim's own control daemon over that GPU (claims never share a daemon, pipe or /dev/shm; the
-  daemon's limits are a ceiling that no client env can raise). A group with shares may hold only
-  shares of one GPU: a container connects to exactly one MPS daemon (`CUDA_MPS_PIPE_DIRECTORY`), and a full
-  GPU next to it would be hidden behind that daemon.
+  consumed part of its memory, or whose config asks for MPS, is a share of the GPU's shares server like a
+  GPU_SHARE device (pinned memory = the consumed memory, else the MPS config's limit, else the whole GPU;
+  compute = the MPS config's percentage, else every SM) when the group holds nothing else; otherwise it is
+  given as NVIDIA's driver gives it, without limits. MPS on a shared MIG device is refused (one claim's daemon
+  would take it from the others).
+- A fractional share (GPU_SHARE device) is always enforced with MPS limits taken from its consumed capacity:
+  the claim is a client of its GPU's one shares server (manager.py says why one), with its share as client
+  limits. A group with shares may hold only shares of one GPU: a container connects to exactly one MPS daemon
+  (`CUDA_MPS_PIPE_DIRECTORY`), and a full GPU next to it would be hidden behind that daemon.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def build_plan(
     if shares:
         share_plan = _share_plan(shares, active, config, gpus)
         return _replace(plan, shares=share_plan)
-    gpu_shares = _memory_shares_of_gpu(active, config, gpus)
+    gpu_shares = _consumable_shares_of_gpu(active, config, gpus)
     if gpu_shares:
         return _replace(plan, shares=_share_plan(gpu_shares, active, config, gpus))
 
@@ -237,16 +238,22 @@ def _memory_fraction(d: AllocatedDevice) -> bool:
     return 0 < value < capacity.value
 
 
-def _memory_shares_of_gpu(
+def _consumable_shares_of_gpu(
     active: Sequence[AllocatedDevice], config: GpuConfig | MigDeviceConfig | None, gpus: Mapping[str, GpuInfo]
 ) -> list[AllocatedDevice]:
-    """The group's consumable shares to enforce with MPS (per-claim daemon, pinned memory = consumed memory),
-    or [] to give the GPU as NVIDIA's driver does (plain access, no limit).
+    """The group's consumable shares to serve from the GPU's shares server, or [] to give the GPU as NVIDIA's
+    driver does (plain access, no limit).
 
-    Enforced when the group is nothing but memory shares of one Volta+ GPU and asks for no TimeSlicing:
-    then the claim's consumed memory is a real limit, as for `gpu-<minor>-shared`. Shares that consumed no
-    memory (modes `unlimited` and N) or all of it have nothing to enforce."""
-    shares = [d for d in active if _memory_fraction(d)]
+    Served so when the group is nothing but consumable shares of one Volta+ GPU and either consumed part of
+    its memory (a real limit, as for `gpu-<minor>-shared`) or asks for MPS (NVIDIA's MPS sharing on a
+    consumable share: here the clients of one server run at the same time, each held to its config). Shares
+    without MPS that consumed no memory (modes `unlimited` and N) or all of it have nothing to enforce."""
+    wants_mps = config is not None and config.mps_config is not None
+    shares = [
+        d
+        for d in active
+        if _memory_fraction(d) or (wants_mps and d.device.kind is DeviceKind.GPU and _is_shared(d))
+    ]
     if not shares or len(shares) != len(active) or len({d.device.parent_uuid for d in shares}) != 1:
         return []
     if config is not None and config.strategy == "TimeSlicing":
@@ -289,7 +296,12 @@ def _share_plan(
         # a whole GPU shared by --consumable-shares has no compute capacity: it may use every SM
         has_compute = d.device.kind is DeviceKind.GPU_SHARE
         compute += _share_amount(d, SHARE_CAPACITY_COMPUTE) if has_compute else 100
-        memory += _share_amount(d, SHARE_CAPACITY_MEMORY)
+        # a consumable share that took no memory (or all of it) may use the whole GPU's
+        memory += (
+            _share_amount(d, SHARE_CAPACITY_MEMORY)
+            if has_compute or _memory_fraction(d)
+            else info.memory_bytes
+        )
     compute = min(compute, 100)
     memory = min(memory, info.memory_bytes)
     mps_config = config.mps_config if config is not None else None
@@ -333,11 +345,7 @@ def _share_amount(d: AllocatedDevice, capacity: str) -> int:
 
 
 def gpu_lock_keys(devices: Iterable[Device]) -> tuple[set[str], set[str]]:
-    """The GPUs that work on `devices` locks, (exclusive, shared) as `GpuLocks.gpus` takes them: a fractional
-    share (GPU_SHARE) gets its own MPS daemon and changes nothing GPU-wide, so it holds its GPU shared with
-    the GPU's other shares; every other device holds its GPU alone."""
-    exclusive: set[str] = set()
-    shared: set[str] = set()
-    for device in devices:
-        (shared if device.kind is DeviceKind.GPU_SHARE else exclusive).add(device.parent_uuid)
-    return exclusive, shared
+    """The GPUs that work on `devices` locks, (exclusive, shared) as `GpuLocks.gpus` takes them: every device
+    holds its GPU alone, a fractional share too (it joins or leaves the GPU's one shares server, whose
+    clients and caps one share at a time may change). Shared is kept for the lock's callers' signature."""
+    return {device.parent_uuid for device in devices}, set()

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from dra_gpu.hardware.sim_driver_root import init_sim_driver_root, state_path
-from dra_gpu.hardware.sim_tools.mps_records import read_records
 from dra_gpu.hardware.simulator.state import SimState, StateStore
+from tests.support.mps_view import mps_records as read_records
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.nvidia.com"

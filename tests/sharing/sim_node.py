@@ -14,12 +14,12 @@ from typing import Any
 from dra_gpu.hardware.loader import open_hardware
 from dra_gpu.hardware.nvml_hardware import NvmlHardware
 from dra_gpu.hardware.sim_driver_root import state_path
-from dra_gpu.hardware.sim_tools.mps_records import read_records
 from dra_gpu.hardware.simulator.state import GpuState, SimState, StateStore
 from dra_gpu.inventory.device_model import build_device_model
 from dra_gpu.inventory.model import Device, DeviceModel
 from dra_gpu.sharing.interface import AllocatedDevice
 from dra_gpu.sharing.manager import HardwareSharingManager
+from tests.support.mps_view import mps_records as read_records
 
 
 @dataclass
@@ -29,6 +29,7 @@ class SimNode:
     plugin_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="plg.", dir="/tmp")))
 
     def __post_init__(self) -> None:
+        os.chmod(self.root, 0o755)  # a tenant's non-root process reaches the simulated driver (mkdtemp: 0700)
         self.hardware: NvmlHardware = open_hardware(self.hardware_name, str(self.root))
         self.store = StateStore(state_path(self.root))
         self._model: DeviceModel | None = None

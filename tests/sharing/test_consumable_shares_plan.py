@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from sim_node import SimNode, pid_alive
+from sim_node import SimNode
 
 from dra_gpu.config.api import decode_opaque_config
 from dra_gpu.hardware.types import ComputeMode, GpuInfo
 from dra_gpu.inventory.consumable_shares import parse_consumable_shares
 from dra_gpu.inventory.device_model import ModelOptions, build_device_model
-from dra_gpu.sharing.interface import AllocatedDevice, SharingError
+from dra_gpu.sharing.interface import AllocatedDevice
 from dra_gpu.sharing.plan import build_plan
+from tests.support.container_view import sim_client
 
 SHARE_A = "22222222-0000-0000-0000-000000000001"
 SHARE_B = "22222222-0000-0000-0000-000000000002"
@@ -36,26 +37,46 @@ def mps(text: str) -> object:
     return decode_opaque_config(json.loads(text))
 
 
-def test_memory_shares_get_their_own_daemon_limited_to_the_consumed_memory(node: SimNode) -> None:
+def test_memory_shares_are_clients_of_the_gpus_server_each_limited_to_its_consumed_memory(
+    node: SimNode,
+) -> None:
     shared_node(node, "memory")
     uuid = node.uuid()
     manager = node.manager()
     a = manager.prepare_group("claim-a", None, [gpu_share(node, SHARE_A, memory="4Gi")])
     b = manager.prepare_group("claim-b", None, [gpu_share(node, SHARE_B, memory="8Gi")])
-    da, db = a.state["mpsDaemon"], b.state["mpsDaemon"]
-    assert da["id"] != db["id"] and len(node.running_daemons()) == 2
-    records = node.mps_records()
-    assert records[da["pipeDir"]]["default_pinned_mem_limits"] == {uuid: "4096M"}
-    assert records[db["pipeDir"]]["default_pinned_mem_limits"] == {uuid: "8192M"}
-    assert records[da["pipeDir"]]["default_active_thread_percentage"] == 100  # no compute capacity: every SM
+    assert len(node.running_daemons()) == 1  # one server for the GPU's shares: they run at the same time
+    seen = [sim_client(r.edits, node.root) for r in (a, b)]
+    assert [v["pinnedDeviceMemoryLimits"] for v in seen] == [{uuid: "4096M"}, {uuid: "8192M"}]
+    assert [v["activeThreadPercentage"] for v in seen] == [100, 100]  # no compute capacity: every SM
+    assert seen[0]["serverPid"] == seen[1]["serverPid"]
     assert a.state["sharedMps"]["clients"] == [f"claim-a/gpu-0/{SHARE_A}"]
-    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.DEFAULT)  # the other claims keep the GPU
+    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.EXCLUSIVE_PROCESS)
 
-    manager.unprepare_group("claim-a", a.state)  # one share gone, the other untouched
-    assert not pid_alive(da["pid"]) and pid_alive(db["pid"])
-    assert node.mps_records()[db["pipeDir"]]["default_pinned_mem_limits"] == {uuid: "8192M"}
+    manager.unprepare_group("claim-a", a.state)  # one share gone, the other still served
+    assert sim_client(b.edits, node.root)["pinnedDeviceMemoryLimits"] == {uuid: "8192M"}
     manager.unprepare_group("claim-b", b.state)
     assert node.leftovers() == [] and node.gpu_state(uuid).compute_mode == int(ComputeMode.DEFAULT)
+
+
+def test_an_mps_config_on_a_consumable_share_joins_the_gpus_server(node: SimNode) -> None:
+    """NVIDIA's consumable shares with an MPS config: each claim a client of one server, held to its config
+    (NVIDIA refuses MPS under consumable shares; here the clients of one server run at the same time)."""
+    shared_node(node, "4")
+    config = mps(
+        '{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS",'
+        '"mpsConfig":{"defaultActiveThreadPercentage":25}}}'
+    )
+    manager = node.manager()
+    results = [
+        manager.prepare_group(f"claim-{n}", config, [gpu_share(node, share, memory="0", shares="1")])
+        for n, share in enumerate((SHARE_A, SHARE_B))
+    ]
+    seen = [sim_client(r.edits, node.root) for r in results]
+    assert [v["activeThreadPercentage"] for v in seen] == [25, 25] and len(node.running_daemons()) == 1
+    for n, result in enumerate(results):
+        manager.unprepare_group(f"claim-{n}", result.state)
+    assert node.leftovers() == []
 
 
 def test_an_mps_config_only_tightens_a_memory_share(node: SimNode) -> None:
@@ -88,12 +109,12 @@ def test_shares_without_a_memory_fraction_get_the_gpu_as_nvidia_gives_it(
     result = manager.prepare_group("claim-a", None, devices)
     assert result.state["mpsDaemon"] is None and node.running_daemons() == []
     manager.unprepare_group("claim-a", result.state)
-    # MPS would set EXCLUSIVE_PROCESS on a GPU other claims hold: refused, as NVIDIA's driver does
+    # with an MPS config the same share joins the GPU's shares server, the whole GPU's memory its limit
     config = mps(
         '{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}'
     )
-    with pytest.raises(SharingError, match=r"cannot apply strategy MPS to gpu-0: .*--consumable-shares"):
-        build_plan(config, devices, gpus(node))
+    plan = build_plan(config, devices, gpus(node))
+    assert plan.shares is not None and plan.shares.memory_bytes == gpus(node)[node.uuid()].memory_bytes
 
 
 def test_time_slicing_on_a_memory_share_sets_the_interval_without_limits(node: SimNode) -> None:

@@ -17,6 +17,7 @@ import structlog.testing
 from sim_node import SimNode, pid_alive
 
 from dra_gpu.config.api import decode_opaque_config
+from dra_gpu.hardware.sim_tools.mps_records import pipe_dir_key
 from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.interface import GroupResult, SharingError
 from dra_gpu.sharing.manager import group_daemon_id
@@ -62,16 +63,18 @@ def test_daemon_with_limits_and_complete_undo(node: SimNode) -> None:
     assert daemon["shmMounted"] is True
     assert os.path.realpath(daemon["shmDir"]) in node.mounts_under_plugin_dir()
 
-    # Limits live on the daemon only: a client env could only lower them, and the user's pod env may.
-    assert result.edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)
+    # Limits live on the daemon only: a client env could only lower them, and the user's pod env may. The
+    # container mounts the daemon's clients/ directory; its pipe is clients/pipe (placed once limited).
+    assert result.edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps/pipe",)
     assert [(m.host_path, m.container_path) for m in result.edits.mounts] == [
-        (daemon["pipeDir"], "/tmp/nvidia-mps"),
+        (daemon["clientsDir"], "/tmp/nvidia-mps"),
         (daemon["shmDir"], "/dev/shm"),
     ]
     assert result.state["edits"]["env"] == list(result.edits.env)
 
+    key = pipe_dir_key(daemon["pipeDir"])  # the directory goes with the daemon: its record stays by key
     manager.unprepare_group("claim-1", result.state)
-    record = daemon_record(node, result)
+    record = node.mps_records()[key]
     assert record["running"] is False
     assert not pid_alive(record["pid"])
     assert record["commands"][-1]["command"] == "quit"
@@ -85,7 +88,7 @@ def test_mps_without_limits_sets_none(node: SimNode) -> None:
     result = manager.prepare_group("claim-1", mps_config(), [node.alloc("gpu-0")])
     record = daemon_record(node, result)
     assert [c["command"] for c in record["commands"]] == ["get_server_list"]
-    assert result.edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)
+    assert result.edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps/pipe",)
     manager.unprepare_group("claim-1", result.state)
 
 
@@ -259,7 +262,7 @@ def test_mps_on_an_on_demand_mig_device(node: SimNode) -> None:
     assert record["visible_devices"] == [instance.uuid]
     assert record["default_pinned_mem_limits"] == {instance.uuid: "1024M"}
     assert node.gpu_state(node.uuid()).compute_mode == int(ComputeMode.DEFAULT)  # a MIG parent is left alone
-    assert result.edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)
+    assert result.edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps/pipe",)
     manager.unprepare_group("claim-1", result.state)
     assert node.leftovers() == []
     assert node.state().gpus[0].gpu_instances == []
@@ -297,14 +300,15 @@ def test_daemons_killed_with_the_plugin_container_are_revived_in_place(node: Sim
         None,
         [node.alloc("gpu-0-shared", share_id="s", consumed_capacity={"compute": "5", "memory": "1Gi"})],
     )
-    old = [group.state["mpsDaemon"]["pid"], share.state["mpsDaemon"]["pid"]]
+    shares_daemon = manager.describe()["sharedMps"][node.uuid()]["daemon"]
+    old = [group.state["mpsDaemon"]["pid"], shares_daemon["pid"]]
     for pid in old:  # what a container restart does to the plugin's children
         os.kill(pid, signal.SIGKILL)
     time.sleep(0.1)
     shm = group.state["mpsDaemon"]["shmDir"]
     restarted = node.manager()
     revived = restarted.revive_mps([group.state, share.state])
-    assert sorted(revived) == sorted([group.state["mpsDaemon"]["id"], share.state["mpsDaemon"]["id"]])
+    assert sorted(revived) == sorted([group.state["mpsDaemon"]["id"], shares_daemon["id"]])
     assert restarted.revive_mps([group.state, share.state]) == []  # they answer now
     record = daemon_record(node, group)
     assert record["running"] and record["pid"] not in old
@@ -327,7 +331,8 @@ def test_a_reused_pid_in_the_record_is_never_signalled(node: SimNode) -> None:
         None,
         [node.alloc("gpu-0-shared", share_id="s", consumed_capacity={"compute": "5", "memory": "1Gi"})],
     )
-    a_daemon, b_pid = a.state["mpsDaemon"], b.state["mpsDaemon"]["pid"]
+    b_daemon = manager.describe()["sharedMps"][node.uuid()]["daemon"]  # the GPU's shares daemon
+    a_daemon, b_pid = a.state["mpsDaemon"], b_daemon["pid"]
     os.kill(a_daemon["pid"], signal.SIGKILL)
     time.sleep(0.1)
     saved = json.loads((Path(a_daemon["dir"]) / "record.json").read_text())
@@ -337,7 +342,7 @@ def test_a_reused_pid_in_the_record_is_never_signalled(node: SimNode) -> None:
     reused = {**a_daemon, "pid": b_pid}
     manager.unprepare_group("claim-a", {**a.state, "mpsDaemon": reused})
     assert pid_alive(b_pid)
-    assert manager._mps.alive(b.state["mpsDaemon"])
+    assert manager._mps.alive(b_daemon)
     manager.unprepare_group("claim-b", b.state)
     assert node.leftovers() == []
 
@@ -397,6 +402,8 @@ def test_unprepare_on_a_vanished_gpu_finishes_and_is_cleaned_when_it_returns(nod
     assert manager.pending_cleanup() == {uuid: ["compute mode PROHIBITED to restore"]}
     assert manager.reconcile_mps([]).restored_modes == []  # still gone
     nvml.recover_gpu(0)
+    # back on the bus with the mode the claim set: only the driver's pending restore puts PROHIBITED back
+    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.EXCLUSIVE_PROCESS)
     assert manager.reconcile_mps([]).restored_modes == [uuid]
     assert node.gpu_state(uuid).compute_mode == int(ComputeMode.PROHIBITED)
     assert manager.pending_cleanup() == {}

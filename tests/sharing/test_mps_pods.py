@@ -1,19 +1,18 @@
 """The `pod` launcher: each MPS control daemon in its own pod, pinned to the node, known by its pod UID.
 
 Against a real kube-apiserver. No kubelet runs here, so `KubeletStandIn` does the part of a kubelet these
-tests need: it runs a new pod's container command with its env as a local process, and when the pod is
-deleted it sends SIGTERM to that process and removes the pod object (what a kubelet does after the grace
+tests need: it runs a new pod's container command with its env as a local process, with the pod's hostPath
+volumes bound at their mount paths in a private mount namespace (as a container sees them), and when the pod
+is deleted it sends SIGTERM to that process and removes the pod object (what a kubelet does after the grace
 period). The chart's end-to-end check with a real kubelet is in e2e/ (see the notes there).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -25,9 +24,10 @@ from kubernetes import client
 from sim_node import SimNode
 
 from dra_gpu.hardware.types import ComputeMode
-from dra_gpu.sharing.interface import GroupResult
+from dra_gpu.sharing.interface import CdiEdits, CdiMount, GroupResult, SharingError
 from dra_gpu.sharing.manager import HardwareSharingManager
 from dra_gpu.sharing.mps_pods import PodLauncher, pod_name
+from tests.support.container_view import container_argv, sim_client
 
 pytestmark = pytest.mark.apiserver
 
@@ -73,12 +73,12 @@ class KubeletStandIn:
             elif uid not in self.processes:
                 container = pod["spec"]["containers"][0]
                 env = {e["name"]: e["value"] for e in container.get("env", [])}
-                self.processes[uid] = subprocess.Popen(container["command"], env=env, start_new_session=True)
+                self.processes[uid] = subprocess.Popen(_in_pod(pod), env=env, start_new_session=True)
             elif self.restart_in_place and self.processes[uid].poll() is not None:
                 container = pod["spec"]["containers"][0]
                 env = {e["name"]: e["value"] for e in container.get("env", [])}
                 env = {k: v for k, v in env.items() if k not in self.restart_without}
-                self.processes[uid] = subprocess.Popen(container["command"], env=env, start_new_session=True)
+                self.processes[uid] = subprocess.Popen(_in_pod(pod), env=env, start_new_session=True)
                 self.restarts[uid] = self.restarts.get(uid, 0) + 1
                 status = {
                     "name": container["name"], "image": container["image"], "imageID": "", "ready": True,
@@ -120,11 +120,26 @@ def launcher(kube_apiserver: Any, node: SimNode) -> Iterator[PodLauncher]:
     client.CoreV1Api(api_client).delete_namespace(namespace)
 
 
+def _in_pod(pod: dict[str, Any]) -> list[str]:
+    """The pod's container command where its hostPath volumes are at their mount paths (those that differ)."""
+    container = pod["spec"]["containers"][0]
+    hosts = {v["name"]: v["hostPath"]["path"] for v in pod["spec"]["volumes"]}
+    mounts = tuple(
+        CdiMount(hosts[m["name"]], m["mountPath"])
+        for m in container["volumeMounts"]
+        if hosts[m["name"]] != m["mountPath"]
+    )
+    return container_argv(CdiEdits(mounts=mounts), container["command"])
+
+
 def record_for(node: SimNode, daemon_id: str) -> dict[str, Any]:
     base = node.plugin_dir / "mps" / daemon_id
     return {
         "id": daemon_id,
-        "pipeDir": str(base / "pipe"),
+        "layout": 2,
+        "clientsDir": str(base / "clients"),
+        "pipeDir": str(base / "clients" / "pipe"),
+        "stageDir": str(base / "stage"),
         "logDir": str(base / "log"),
         "shmDir": str(base / "shm"),
         "multiUser": True,
@@ -146,14 +161,15 @@ def test_the_daemon_pod_is_pinned_to_the_node_and_not_owned_by_the_plugin(
     assert container["command"][3:] == ["/driver-root/usr/bin/nvidia-cuda-mps-control", "-M"]
     assert container["env"] == [{"name": "CUDA_VISIBLE_DEVICES", "value": node.uuid()}]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert mounts == {
+    assert mounts == {  # short paths: the real tool refuses a pipe directory of 88 characters or more
         "driver-root": "/driver-root",
-        "pipe": record["pipeDir"],
-        "log": record["logDir"],
+        "pipe": "/tmp/nvidia-mps",
+        "log": "/var/log/nvidia-mps",
         "shm": "/dev/shm",
     }
     hosts = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
     assert hosts["driver-root"] == str(node.root) and hosts["shm"] == record["shmDir"]
+    assert hosts["pipe"] == record["stageDir"]  # where no container looks, until the plugin places it
     assert launcher.alive(record)
 
     # The pod is replaced behind our back (same name, new UID): stopping the old identity leaves it alone.
@@ -184,10 +200,11 @@ def test_a_share_in_pod_mode_prepares_reconciles_and_unprepares(launcher: PodLau
     kubelet = KubeletStandIn(launcher)
     try:
         manager, result = _prepare_share(launcher, node)
-        daemon = result.state["mpsDaemon"]
+        daemon = manager.describe()["sharedMps"][node.uuid()]["daemon"]
         assert daemon["launcher"] == "pod" and daemon["pid"] is None and daemon["podUid"]
         record = node.mps_records()[daemon["pipeDir"]]
         assert record["running"] and record["default_active_thread_percentage"] == 30
+        assert sim_client(result.edits, node.root)["activeThreadPercentage"] == 30
         assert manager.reconcile_mps([result.state]).restarted == []
 
         # the pod object is deleted by someone: the reconcile loop creates a new one with the same limits
@@ -202,6 +219,7 @@ def test_a_share_in_pod_mode_prepares_reconciles_and_unprepares(launcher: PodLau
         latest = manager._mps.latest(daemon)
         assert latest["podUid"] != daemon["podUid"]
         assert manager._mps.limits_in_force(latest)["threadPercentage"] == 30
+        assert sim_client(result.edits, node.root)["activeThreadPercentage"] == 30
 
         manager.unprepare_group("claim-a", result.state)
         assert launcher.owned_pods() == []
@@ -220,7 +238,7 @@ def test_a_daemon_whose_pod_still_exists_is_left_to_the_kubelet_then_reported(
     kubelet = KubeletStandIn(launcher)
     try:
         manager, result = _prepare_share(launcher, node)
-        daemon = result.state["mpsDaemon"]
+        daemon = manager.describe()["sharedMps"][node.uuid()]["daemon"]
         (process,) = kubelet.processes.values()
         kubelet.kill_container(process)  # the container died; the pod stays (this stand-in does not restart)
         report = manager.reconcile_mps([result.state])
@@ -235,16 +253,12 @@ def test_a_daemon_whose_pod_still_exists_is_left_to_the_kubelet_then_reported(
         kubelet.stop()
 
 
-def _client_view(node: SimNode, pipe_dir: str, **env: str) -> dict[str, Any]:
-    """What a tenant's CUDA process with `env` gets from the daemon at `pipe_dir` (simulated MPS client)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "dra_gpu.hardware.sim_tools.mps_client"],
-        env={**os.environ, **env, "CUDA_MPS_PIPE_DIRECTORY": pipe_dir, "DRA_GPU_SIM_ROOT": str(node.root)},
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout)
-    return result
+def _answers_in_stage(manager: HardwareSharingManager, daemon: dict[str, Any]) -> bool:
+    try:
+        manager._mps.command(daemon, "get_server_list", timeout_s=1, at=daemon["stageDir"])
+    except SharingError:
+        return False
+    return True
 
 
 def _wait_restarted(kubelet: KubeletStandIn, uid: str, count: int) -> None:
@@ -254,18 +268,18 @@ def _wait_restarted(kubelet: KubeletStandIn, uid: str, count: int) -> None:
         time.sleep(0.05)
 
 
-def test_a_daemon_container_restarted_in_place_serves_with_its_limits_and_they_are_checked(
+def test_a_daemon_container_restarted_in_place_is_reached_only_once_placed_with_its_limits(
     launcher: PodLauncher, node: SimNode
 ) -> None:
-    """The kubelet restarts a daemon that exits in its pod (same UID) and tells no one. The pod's entrypoint
-    sets the limits at every start, so the restarted daemon's clients get their share before the plugin
-    looks; the reconcile pass sees the new restartCount, checks the limits, and sets them again if the daemon
-    came back without them."""
+    """The kubelet restarts a daemon that exits in its pod (same UID) and tells no one. The restarted daemon
+    starts in stage/ (the pod's hostPath), where no container looks: a tenant's CUDA process finds no daemon
+    until the reconcile pass has given it its limits and put it where the clients look, so no MPS server is
+    ever spawned without them (on a real H200 one spawned before its limits kept 132 SMs for good)."""
     launcher.container_driver_root = str(node.root)
     kubelet = KubeletStandIn(launcher, restart_in_place=True)
     try:
         manager, result = _prepare_share(launcher, node)
-        daemon = result.state["mpsDaemon"]
+        daemon = manager.describe()["sharedMps"][node.uuid()]["daemon"]
         (container,) = launcher.get(pod_name(daemon["id"]))["spec"]["containers"]  # type: ignore[index]
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
@@ -274,36 +288,31 @@ def test_a_daemon_container_restarted_in_place_serves_with_its_limits_and_they_a
             f"set_default_device_pinned_mem_limit {node.uuid()} 2048M",
         ]
         assert manager.reconcile_mps([result.state]).limits_restored == []  # first look: limits in force
-        share_view = {"activeThreadPercentage": 30, "pinnedDeviceMemoryLimits": {node.uuid(): "2048M"}}
-
-        (process,) = kubelet.processes.values()
-        kubelet.kill_container(process)
-        _wait_restarted(kubelet, daemon["podUid"], 1)
-        # with no reconcile pass: the entrypoint sets the limits as soon as the daemon answers, and a tenant
-        # that asks for everything gets its share
         wide = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}
-        deadline = time.monotonic() + 10
-        while not (manager._mps.answers(daemon) and manager._mps.holds_limits(daemon)):
-            assert time.monotonic() < deadline, "the restarted daemon does not hold its limits"
-            time.sleep(0.05)
-        assert _client_view(node, daemon["pipeDir"], **wide) == share_view
-        report = manager.reconcile_mps([result.state])
-        assert report.limits_restored == [] and report.restarted == [] and report.failed == {}
+        share_view = (30, {node.uuid(): "2048M"})
 
-        # a daemon that comes back without its limits (one that ignored them in its env) gets them again
-        kubelet.restart_without = ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "DRA_GPU_MPS_LIMITS")
-        (process,) = kubelet.processes.values()
-        kubelet.kill_container(process)
-        _wait_restarted(kubelet, daemon["podUid"], 2)
-        deadline = time.monotonic() + 10
-        while not manager._mps.answers(daemon):
-            assert time.monotonic() < deadline, "the restarted daemon does not answer"
-            time.sleep(0.05)
-        assert _client_view(node, daemon["pipeDir"], **wide)["activeThreadPercentage"] == 100
-        report = manager.reconcile_mps([result.state])
-        assert report.limits_restored == [daemon["id"]] and report.failed == {}
-        assert _client_view(node, daemon["pipeDir"], **wide) == share_view
-        assert manager.reconcile_mps([result.state]).limits_restored == []  # nothing new since
+        def view() -> tuple[object, object] | None:
+            seen = sim_client(result.edits, node.root, "--gpu", node.uuid(), env=wide)
+            if not seen.get("mps"):
+                return None
+            return seen["activeThreadPercentage"], seen["pinnedDeviceMemoryLimits"]
+
+        for round_, without in enumerate(
+            ((), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "DRA_GPU_MPS_LIMITS")), 1
+        ):
+            kubelet.restart_without = without  # the second time: a daemon that comes back without limits
+            (process,) = kubelet.processes.values()
+            kubelet.kill_container(process)
+            _wait_restarted(kubelet, daemon["podUid"], round_)
+            deadline = time.monotonic() + 10
+            while not _answers_in_stage(manager, daemon):
+                assert time.monotonic() < deadline, "the restarted daemon does not answer in stage/"
+                time.sleep(0.05)
+            assert view() is None  # the new daemon is out of the tenants' reach
+            report = manager.reconcile_mps([result.state])
+            assert report.limits_restored == [daemon["id"]] and report.failed == {}
+            assert view() == share_view
+            assert manager.reconcile_mps([result.state]).limits_restored == []  # nothing new since
         assert manager._mps.latest(daemon)["podUid"] == daemon["podUid"]  # the same pod throughout
 
         manager.unprepare_group("claim-a", result.state)

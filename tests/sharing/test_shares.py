@@ -1,20 +1,17 @@
-"""Fractional GPUs: one MPS daemon per claim, its limits (from consumedCapacity) set on that daemon."""
+"""Fractional GPUs: clients of their GPU's one MPS server, each held to its share (seen from inside)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
 from sim_node import SimNode, pid_alive
 
 from dra_gpu.config.api import decode_opaque_config
-from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.interface import AllocatedDevice, SharingError
+from tests.support.container_view import sim_client
 
 GIB = 2**30
 
@@ -25,47 +22,12 @@ def share(node: SimNode, compute: str, memory: str, share_id: str, minor: int = 
     )
 
 
-def test_each_tenant_has_its_own_daemon_pipe_and_shm_with_limits_on_the_daemon(node: SimNode) -> None:
-    uuid = node.uuid()
-    manager = node.manager()
-    a = manager.prepare_group(
-        "claim-a", None, [share(node, "30", "20Gi", "11111111-0000-0000-0000-000000000001")]
-    )
-    restarted = node.manager()  # the second share arrives after a plugin restart
-    b = restarted.prepare_group(
-        "claim-b", None, [share(node, "50", "40Gi", "11111111-0000-0000-0000-000000000002")]
-    )
-    da, db = a.state["mpsDaemon"], b.state["mpsDaemon"]
-    assert da["id"] != db["id"] and pid_alive(da["pid"]) and pid_alive(db["pid"])
-    assert len(node.running_daemons()) == 2
-    # nothing shared between the tenants: not the pipe, not the /dev/shm tmpfs
-    assert {m.host_path for m in a.edits.mounts}.isdisjoint({m.host_path for m in b.edits.mounts})
-    assert da["shmDir"] != db["shmDir"] and da["shmMounted"] and db["shmMounted"]
-    # the limits are the daemons' (a ceiling); the containers get only the pipe directory
-    assert a.edits.env == b.edits.env == ("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",)
-    records = node.mps_records()
-    assert records[da["pipeDir"]]["default_active_thread_percentage"] == 30
-    assert records[da["pipeDir"]]["default_pinned_mem_limits"] == {uuid: "20480M"}
-    assert records[db["pipeDir"]]["default_active_thread_percentage"] == 50
-    assert records[db["pipeDir"]]["default_pinned_mem_limits"] == {uuid: "40960M"}
-    # several claims' daemons serve this GPU: it stays in DEFAULT compute mode
-    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.DEFAULT)
-    assert a.state["sharedMps"]["ownDaemon"] is True
-
-    restarted.unprepare_group("claim-a", a.state)
-    assert not pid_alive(da["pid"]) and pid_alive(db["pid"])
-    restarted.unprepare_group("claim-b", b.state)
-    assert node.gpu_state(uuid).compute_mode == int(ComputeMode.DEFAULT)
-    assert restarted.describe()["sharedMps"] == {}
-    assert node.leftovers() == []
-
-
 @pytest.mark.parametrize(
     ("tenant_env", "expected_threads", "expected_memory"),
     [
         ({}, 30, "20480M"),
-        ({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, 30, "20480M"),  # raising is ignored
-        ({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}, 30, "20480M"),
+        ({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, 50, "20480M"),  # up to the server's caps only
+        ({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}, 30, "40960M"),
         (
             {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1G"},
             10,
@@ -73,28 +35,18 @@ def test_each_tenant_has_its_own_daemon_pipe_and_shm_with_limits_on_the_daemon(n
         ),
     ],
 )
-def test_a_tenant_cannot_raise_its_share_from_its_container(
+def test_a_tenant_cannot_raise_its_share_beyond_the_largest_share_on_its_gpu(
     node: SimNode, tenant_env: dict[str, str], expected_threads: int, expected_memory: str
 ) -> None:
+    """Seen from the tenant's container: its own share by default; its env lowers it; raising it in the pod
+    spec reaches no more than the server's caps, the largest share on the GPU (claim-b's 50 % / 40Gi)."""
     manager = node.manager()
     a = manager.prepare_group("claim-a", None, [share(node, "30", "20Gi", "s1")])
     b = manager.prepare_group("claim-b", None, [share(node, "50", "40Gi", "s2")])
-    pipe = a.state["mpsDaemon"]["pipeDir"]  # what the container's /tmp/nvidia-mps is
-    env = {**os.environ, **tenant_env, "CUDA_MPS_PIPE_DIRECTORY": pipe, "DRA_GPU_SIM_ROOT": str(node.root)}
-    done = subprocess.run(
-        [sys.executable, "-m", "dra_gpu.hardware.sim_tools.mps_client"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    got = json.loads(done.stdout)
-    assert got == {
-        "activeThreadPercentage": expected_threads,
-        "pinnedDeviceMemoryLimits": {node.uuid(): expected_memory},
-    }
+    got = sim_client(a.edits, node.root, env=tenant_env, uid=1000)
+    assert got["mps"], got
+    assert got["activeThreadPercentage"] == expected_threads
+    assert got["pinnedDeviceMemoryLimits"] == {node.uuid(): expected_memory}
     manager.unprepare_group("claim-a", a.state)
     manager.unprepare_group("claim-b", b.state)
     assert node.leftovers() == []
@@ -104,9 +56,8 @@ def test_two_shares_of_one_gpu_in_one_claim_are_summed(node: SimNode) -> None:
     manager = node.manager()
     devices = [share(node, "10", "1Gi", "s1"), share(node, "15", "2Gi", "s2")]
     result = manager.prepare_group("claim-a", None, devices)
-    record = node.mps_records()[result.state["mpsDaemon"]["pipeDir"]]
-    assert record["default_active_thread_percentage"] == 25
-    assert record["default_pinned_mem_limits"] == {node.uuid(): "3072M"}
+    got = sim_client(result.edits, node.root)
+    assert (got["activeThreadPercentage"], got["pinnedDeviceMemoryLimits"]) == (25, {node.uuid(): "3072M"})
     assert sorted(result.state["sharedMps"]["clients"]) == [
         "claim-a/gpu-0-shared/s1",
         "claim-a/gpu-0-shared/s2",
@@ -128,9 +79,8 @@ def test_explicit_mps_config_only_tightens_a_share(node: SimNode) -> None:
     )
     manager = node.manager()
     result = manager.prepare_group("c", config, [share(node, "50", "8Gi", "s1")])
-    record = node.mps_records()[result.state["mpsDaemon"]["pipeDir"]]
-    assert record["default_active_thread_percentage"] == 20
-    assert record["default_pinned_mem_limits"] == {node.uuid(): "4096M"}
+    got = sim_client(result.edits, node.root)
+    assert (got["activeThreadPercentage"], got["pinnedDeviceMemoryLimits"]) == (20, {node.uuid(): "4096M"})
     manager.unprepare_group("c", result.state)
 
 
@@ -174,21 +124,23 @@ def test_shares_of_two_gpus_in_one_group_are_refused(make_node: Callable[[str], 
     assert node.leftovers() == []
 
 
-def test_a_dead_tenant_daemon_is_restarted_by_reconcile_with_its_limits(node: SimNode) -> None:
+def test_a_dead_shares_daemon_is_restarted_by_reconcile_with_its_limits(node: SimNode) -> None:
     manager = node.manager()
     a = manager.prepare_group("a", None, [share(node, "10", "1Gi", "s1")])
     b = manager.prepare_group("b", None, [share(node, "20", "2Gi", "s2")])
-    old_pid: int = a.state["mpsDaemon"]["pid"]
-    os.kill(old_pid, signal.SIGKILL)
+    daemon = manager.describe()["sharedMps"][node.uuid()]["daemon"]
+    os.kill(daemon["pid"], signal.SIGKILL)
     report = manager.reconcile_mps([a.state, b.state])
-    assert report.restarted == [a.state["mpsDaemon"]["id"]] and report.failed == {}
-    latest = manager._mps.latest(a.state["mpsDaemon"])
-    assert latest["pid"] != old_pid and pid_alive(latest["pid"])
-    assert latest["pipeDir"] == a.state["mpsDaemon"]["pipeDir"]
+    assert report.restarted == [daemon["id"]] and report.failed == {}
+    latest = manager._mps.latest(daemon)
+    assert latest["pid"] != daemon["pid"] and pid_alive(latest["pid"])
+    assert latest["clientsDir"] == daemon["clientsDir"]  # what the containers mounted
     assert manager._mps.limits_in_force(latest) == {
-        "threadPercentage": 10,
-        "pinnedLimits": {node.uuid(): "1024M"},
+        "threadPercentage": 20,
+        "pinnedLimits": {node.uuid(): "2048M"},
     }
+    for result, threads in ((a, 10), (b, 20)):
+        assert sim_client(result.edits, node.root)["activeThreadPercentage"] == threads
     assert manager.reconcile_mps([a.state, b.state]).restarted == []
     manager.unprepare_group("a", a.state)
     manager.unprepare_group("b", b.state)
