@@ -30,6 +30,7 @@ from e2e.image.build_local_image import DEFAULT_REFERENCE, BuildResult, build_fo
 from e2e.image.real_image import config_digest
 from e2e.lib.chart import CHART_DIR, find_helm
 from e2e.lib.claims import pod_claim_names
+from e2e.lib.container_client import client_in_container
 from e2e.lib.kubectl import Kubectl, KubectlError
 from e2e.lib.settings import DRIVER_NAME, E2ESettings
 from e2e.lib.waiting import wait_until
@@ -492,6 +493,27 @@ class MpsClaims:
     pods: list[tuple[str, str]]  # (namespace, pod)
     views: dict[tuple[str, str], str]  # what each workload sees of MPS (env, mounts)
     daemon_uids: list[str]
+    served: dict[tuple[str, str], tuple[Any, ...]]  # what a CUDA process in each workload gets from MPS
+
+
+# (threads %, pinned MiB) each workload of _prepare_every_mps_claim_kind must get from its daemon
+MPS_LIMITS = {
+    "whole": (50, "4096M"),
+    "mig": (50, "4096M"),
+    "tenant-a": (30, "10240M"),
+    "tenant-b": (20, "8192M"),
+}
+
+
+def _served(release: Release, namespace: str, name: str) -> tuple[Any, ...]:
+    """What a CUDA process in the workload gets from MPS, asked from inside it: the simulated client run in
+    the container's view (its env, its pipe through /proc/<pid>/root: e2e/lib/container_client.py), so a
+    stale or lost bind mount, or a daemon that no longer answers, shows. Not the server pid: an idle
+    server may end and the daemon start another."""
+    pod = release.kubectl.get_json("pod", name, namespace=namespace)
+    report = client_in_container(pod, "ctr", driver_root=None)
+    assert report.error is None and report.mps, f"{namespace}/{name}: not served by MPS: {report}"
+    return report.gpus, report.active_thread_percentage, tuple(sorted(report.pinned_limits.items()))
 
 
 def _prepare_every_mps_claim_kind(release: Release, namespace: str, other: str) -> MpsClaims:
@@ -524,12 +546,17 @@ def _prepare_every_mps_claim_kind(release: Release, namespace: str, other: str) 
     views = {(ns, name): _workload_view(release, ns, name) for ns, name in pods}
     assert all("CUDA_MPS_PIPE_DIRECTORY=" in v for v in views.values()), views
     for ns, name in pods[2:]:
-        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in views[ns, name], views[ns, name]
-        assert "CUDA_MPS_PINNED" not in views[ns, name], views[ns, name]
+        # a share is a client of its GPU's one server and carries its own share as client limits
+        threads, pinned = MPS_LIMITS[name]
+        assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}" in views[ns, name], views[ns, name]
+        assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={pinned}" in views[ns, name], views[ns, name]
+    served = {(ns, name): _served(release, ns, name) for ns, name in pods}
+    for (_, name), (_gpus, threads, pinned) in served.items():
+        assert (threads, [v for _, v in pinned]) == (MPS_LIMITS[name][0], [MPS_LIMITS[name][1]]), served
     # no shared /dev/shm: what one tenant writes there the other does not see
     kubectl.exec(namespace, "tenant-a", ["sh", "-c", "echo a > /dev/shm/written-by-tenant-a"])
     assert "written-by-tenant-a" not in kubectl.exec(other, "tenant-b", ["ls", "-a", "/dev/shm"])
-    return MpsClaims(pods, views, sorted(p["metadata"]["uid"] for p in daemons))
+    return MpsClaims(pods, views, sorted(p["metadata"]["uid"] for p in daemons), served)
 
 
 def _assert_mps_claims_untouched(release: Release, claims: MpsClaims, namespace: str, late: str) -> None:
@@ -544,6 +571,8 @@ def _assert_mps_claims_untouched(release: Release, claims: MpsClaims, namespace:
     for (ns, name), view in claims.views.items():
         assert kubectl.get_json("pod", name, namespace=ns)["status"]["phase"] == "Running"
         assert _workload_view(release, ns, name) == view
+        # the same env and mount table could still lead nowhere (a stale bind mount): ask the daemon itself
+        assert _served(release, ns, name) == claims.served[ns, name], f"{ns}/{name} after the update"
     manifest = _share_manifest(late, namespace, "10", "4Gi")
     kubectl.apply("\n---\n".join(json.dumps(d) for d in manifest), namespace=namespace)
     _running(release, namespace, late)
@@ -565,8 +594,9 @@ def test_mps_daemons_of_every_claim_kind_outlive_rolling_updates_of_the_plugin(
     """With every kind of MPS claim prepared: `kubectl rollout restart` of the plugin DaemonSet (the chart's
     default, maxSurge 1: the new pod starts next to the old one), then an upgrade to maxUnavailable 1
     (`kubeletPlugin.rollingUpdateSockets=false`: the old pod goes first) and back. After each, every daemon
-    pod is the same and never restarted, the workloads' env and mounts are as they were, and a new claim
-    prepares."""
+    pod is the same and never restarted, the workloads' env and mounts are as they were, a CUDA process in
+    each workload (the simulated client in its container's view) still reaches its daemon and gets the same
+    limits, and a new claim prepares."""
     kubectl = release.kubectl
     other = f"{namespace}-b"
     kubectl.create_namespace(other)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dra_gpu.hardware.sim_tools.mps_records import record_for_pipe_dir
 from e2e.lib.claims import pod_claim_names
 from e2e.lib.cluster_control import feature_enabled
 from e2e.lib.driver import DriverControl, HostDriver, python_cli
@@ -135,7 +136,8 @@ def test_a_killed_daemon_is_back_within_10s_and_a_reused_pid_is_never_signalled(
             # as the daemon starts, a moment before the restart has set its pinned limit
             now = _records(settings).get(daemon_id)
             if now and now["pid"] not in (None, old_pid) and _start_time(now["pid"]) == now["startTime"]:
-                held = driver.sim_state()["mps"].get(record["pipeDir"], {})
+                # the simulator keys records by the pipe directory's identity, found from its host path
+                held = record_for_pipe_dir(settings.driver_root, record["pipeDir"]) or {}
                 limits = list((held.get("default_pinned_mem_limits") or {}).values())
                 if held.get("pid") == now["pid"] and limits == ["4096M"]:
                     return now
@@ -147,7 +149,7 @@ def test_a_killed_daemon_is_back_within_10s_and_a_reused_pid_is_never_signalled(
         assert took < RESTART_DEADLINE_S, f"the daemon was back after {took:.1f}s, not within 10 s"
         assert impostor.poll() is None, "the process holding the dead daemon's pid was signalled"
         assert revived["pipeDir"] == record["pipeDir"]
-        sim = driver.sim_state()["mps"][record["pipeDir"]]
+        sim = record_for_pipe_dir(settings.driver_root, record["pipeDir"]) or {}
         assert sim["running"] and sim["pid"] == revived["pid"]
         assert sim["default_active_thread_percentage"] == 40
         assert list(sim["default_pinned_mem_limits"].values()) == ["4096M"]
@@ -192,8 +194,8 @@ def test_unprepare_with_the_gpu_gone_finishes_and_is_cleaned_when_it_returns(
     """A pod with a whole-GPU MPS claim (its GPU in EXCLUSIVE_PROCESS). The GPU falls off the bus
     (`dra-gpu hardware gpu-lost`) and the pod is deleted: unprepare does not fail on the compute mode it
     cannot restore, so the pod is gone in time; the GPU's devices carry
-    `gpu.nvidia.com/sharing=cleanup-pending` (where device taints are on); once the GPU is back (`recover`)
-    its compute mode is put back and the taint goes."""
+    `gpu.nvidia.com/sharing=cleanup-pending` (where device taints are on); the GPU comes back (`recover`)
+    still in EXCLUSIVE_PROCESS, and the driver's pending restore puts Default back and the taint goes."""
     if not isinstance(driver, HostDriver):
         pytest.skip("drives the simulated GPUs of this machine (host mode, the local cluster)")
     host = driver
@@ -238,6 +240,14 @@ def test_unprepare_with_the_gpu_gone_finishes_and_is_cleaned_when_it_returns(
 
         def mode() -> int:
             return int(next(g for g in host.sim_state()["gpus"] if g["uuid"] == uuid)["compute_mode"])
+
+        # The GPU comes back with the mode the claim set (the simulator's recover, like a bus drop, resets no
+        # setting): Default can only come from the driver's pending restore, which also clears the metric.
+        back_with = mode()
+        assert back_with == EXCLUSIVE_PROCESS or pending(0), (
+            f"GPU {minor} came back in compute mode {back_with} with the restore still pending: something "
+            "other than the driver put the mode back"
+        )
 
         wait_until(
             lambda: mode() == DEFAULT and pending(0), timeout_s=30, explain=host.log_tail,

@@ -87,6 +87,30 @@ def compare(discovery: DiscoveryResult, smi_xml: str, placements_text: str = "")
             checks.append(Check(bus, "present in discovery", "yes", "no"))
             continue
         checks.extend(_gpu_checks(bus, node, gpu))
+    return checks + _placement_checks(discovery, placements_text)
+
+
+# Facts of one machine, not of the card: a capture from another machine differs in these and nothing else.
+PER_MACHINE_FIELDS = frozenset({"uuid", "minor number", "NUMA node", "driver version", "CUDA version"})
+
+
+def compare_card(discovery: DiscoveryResult, smi_xml: str, placements_text: str = "") -> list[Check]:
+    """A real card's captured `nvidia-smi -q -x` (and `mig -lgipp`) against the discovery of another machine
+    with the same card, typically the simulated NVML of that card's profile: GPUs matched in order (the
+    bus ids are each machine's own), the per-machine fields (PER_MACHINE_FIELDS) left out. Pure."""
+    root = ET.fromstring(smi_xml)
+    smi_gpus = root.findall("gpu")
+    gpus = sorted(discovery.gpus, key=lambda g: g.index)
+    checks = [Check("-", "GPU count", str(len(smi_gpus)), str(len(gpus)))]
+    for node, gpu in zip(smi_gpus, gpus, strict=False):
+        checks += [
+            c for c in _gpu_checks(f"index {gpu.index}", node, gpu) if c.field not in PER_MACHINE_FIELDS
+        ]
+    return checks + _placement_checks(discovery, placements_text)
+
+
+def _placement_checks(discovery: DiscoveryResult, placements_text: str) -> list[Check]:
+    checks: list[Check] = []
     smi_placements: dict[tuple[int, int], tuple[list[int], int]] = {}
     for match in _PLACEMENTS.finditer(placements_text):
         starts = [int(s) for s in match[3].split(",") if s]

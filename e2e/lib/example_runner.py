@@ -10,20 +10,23 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from e2e.lib.claims import allocated_devices
-from e2e.lib.container_report import ContainerReport, parse_report
+from e2e.lib.container_client import client_in_container
+from e2e.lib.container_report import ClientReport, ContainerReport, parse_report
 from e2e.lib.driver import DriverControl
 from e2e.lib.expectations import (
     Observed,
     check_all,
     check_hardware_reset,
+    claim_gpus,
     leftover_cdi_specs,
+    mps_client_containers,
     phase,
     row_devices,
     row_pods,
@@ -90,6 +93,8 @@ class ExampleRun:
         self.log = log
         self.outcome = ExampleOutcome()
         self._reports: dict[str, ContainerReport] = {}
+        self._clients: dict[str, ClientReport] = {}
+        self._held_gpus: dict[str, frozenset[str]] = {}
         self._sim_before: dict[str, Any] | None = None
 
     @property
@@ -159,15 +164,36 @@ class ExampleRun:
                     log = self.kubectl.logs(self.namespace, pod["metadata"]["name"], ctr["name"])
                     self._reports[key] = parse_report(log)
         sim_now = self.driver.sim_state() if self._needs_hardware() else None
-        return Observed(
+        devices = slice_devices(self.kubectl)
+        for claim in claims:
+            gpus = claim_gpus(claim, devices)
+            if gpus:
+                name = claim["metadata"]["name"]
+                self._held_gpus[name] = self._held_gpus.get(name, frozenset()) | gpus
+        observed = Observed(
             pods=pods,
             claims=claims,
-            slice_devices=slice_devices(self.kubectl),
+            slice_devices=devices,
             reports=dict(self._reports),
             events=self.kubectl.events(self.namespace),
             sim_before=self._sim_before,
             sim_now=sim_now,
+            held_gpus=dict(self._held_gpus),
         )
+        return replace(observed, clients=self._ask_clients(observed))
+
+    def _ask_clients(self, observed: Observed) -> dict[str, ClientReport]:
+        """What a CUDA process in each container that an MPS expectation names gets from MPS, asked from
+        inside the container (container_client.py). A container that was served keeps its answer; the others
+        are asked again at each poll (their daemon may still be starting)."""
+        pods = {p["metadata"]["name"]: p for p in observed.pods}
+        for key in mps_client_containers(self.exp, observed):
+            if key in self._clients and self._clients[key].mps:
+                continue
+            pod_name, container = key.split("/", 1)
+            # no simulator root for the client: one that reaches no daemon must fail, not take the GPU
+            self._clients[key] = client_in_container(pods[pod_name], container, driver_root=None)
+        return dict(self._clients)
 
     def _note_cdi_specs(self) -> None:
         names = set(self.driver.cdi_spec_names()) - self._cdi_before

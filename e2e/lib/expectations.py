@@ -17,7 +17,7 @@ from typing import Any
 
 from dra_gpu.cel.quantity import QuantityError, parse_quantity_strict
 from e2e.lib.claims import AllocatedDevice, allocated_devices, pod_claim_names, reserved_for
-from e2e.lib.container_report import ContainerReport
+from e2e.lib.container_report import ClientReport, ContainerReport
 from e2e.lib.settings import DRIVER_NAME
 from e2e.lib.sim_view import (
     compute_instance_uuids,
@@ -50,6 +50,11 @@ class Observed:
     events: Sequence[Mapping[str, Any]] = ()
     sim_before: Mapping[str, Any] | None = None  # hardware state before the example was applied
     sim_now: Mapping[str, Any] | None = None
+    # "<pod>/<container>" -> what a CUDA process in that container gets from MPS (container_client.py)
+    clients: Mapping[str, ClientReport] = field(default_factory=dict)
+    # claim name -> the GPU uuids it was seen to hold in any snapshot so far: a Job's claims are gone once
+    # its pods end, and the footprint counts what they held
+    held_gpus: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------- devices
@@ -306,7 +311,7 @@ def check_claim_expectation(exp: ClaimExpectation, observed: Observed) -> list[s
         if exp.consumedCapacity is not None:
             failures += _check_consumed(exp.consumedCapacity, claim, where)
         if exp.hardware is not None:
-            failures += check_hardware(exp.hardware, devices, observed, where)
+            failures += check_hardware(exp.hardware, devices, observed, where, claim["metadata"]["name"])
     return failures
 
 
@@ -340,8 +345,24 @@ def mig_placement_of(device_name: str) -> tuple[int, int] | None:
     return None
 
 
+def device_uuids(
+    state: Mapping[str, Any], device: AllocatedDevice, slice_dev: Mapping[str, Any] | None
+) -> set[str]:
+    """The uuids an MPS server of `device` names: the GPU's for a full GPU or a share, the MIG device's
+    (its compute instances') for a MIG device."""
+    uuid = device_gpu_uuid(slice_dev)
+    placement = mig_placement_of(device.device)
+    if placement is None:
+        return {uuid} if uuid else set()
+    return set(compute_instance_uuids(state, str(uuid), placement))
+
+
 def check_hardware(
-    exp: HardwareExpectation, devices: Sequence[AllocatedDevice], observed: Observed, where: str
+    exp: HardwareExpectation,
+    devices: Sequence[AllocatedDevice],
+    observed: Observed,
+    where: str,
+    claim_name: str = "",
 ) -> list[str]:
     state = observed.sim_now
     if state is None:
@@ -377,7 +398,7 @@ def check_hardware(
                 f"expected {'running' if exp.mpsDaemon else 'absent'}"
             )
         if exp.mps is not None:
-            failures += _check_mps_limits(exp, daemon, where)
+            failures += _check_mps_limits(exp, claim_name, device_uuids(state, d, slice_dev), observed, where)
         if exp.migInstances is not None and placement is not None:
             inst = now.get(str(uuid), {}).get(placement)
             if inst is None:
@@ -403,27 +424,123 @@ def mps_limit_bytes(text: str) -> int:
     return int(match.group(1)) * (2**20 if match.group(2) == "M" else 2**30)
 
 
-def _check_mps_limits(exp: HardwareExpectation, daemon: Mapping[str, Any] | None, where: str) -> list[str]:
-    assert exp.mps is not None
-    if daemon is None:
-        return [f"{where}: MPS limits expected but no MPS daemon"]
-    failures: list[str] = []
-    pct = daemon.get("default_active_thread_percentage")
-    if exp.mps.activeThreadPercentage is not None and (
-        pct is None or int(pct) != exp.mps.activeThreadPercentage
-    ):
-        failures.append(
-            f"{where}: MPS active thread percentage {pct}, expected {exp.mps.activeThreadPercentage}"
+def claim_containers(claim_name: str, observed: Observed) -> list[str]:
+    """ "<pod>/<container>" of every container of a Running pod that gets the claim (lists it, or one of its
+    requests, in resources.claims; or gets it as the pod's extended-resource claim)."""
+    out: list[str] = []
+    for pod in observed.pods:
+        if phase(pod) != "Running":
+            continue
+        by_pod_claim = {k for k, v in pod_claim_names(pod).items() if v == claim_name}
+        ext = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+        ext_containers = (
+            {m.get("containerName") for m in ext.get("requestMappings") or []}
+            if ext.get("resourceClaimName") == claim_name
+            else set()
         )
-    if exp.mps.pinnedMemoryLimit is not None:
-        want = int(_quantity(exp.mps.pinnedMemoryLimit, where))
-        limits: Mapping[str, str] = daemon.get("default_pinned_mem_limits") or {}
-        got = {dev: mps_limit_bytes(v) for dev, v in limits.items()}
-        if not got or any(v != want for v in got.values()):
+        for ctr in pod["spec"].get("containers", []):
+            refs = {r.get("name") for r in (ctr.get("resources") or {}).get("claims") or []}
+            if refs & by_pod_claim or ctr["name"] in ext_containers:
+                out.append(f"{pod['metadata']['name']}/{ctr['name']}")
+    return out
+
+
+def _check_mps_limits(
+    exp: HardwareExpectation, claim_name: str, uuids: set[str], observed: Observed, where: str
+) -> list[str]:
+    """What each workload of the claim gets from MPS, asked from inside its container (the simulated CUDA
+    client in the container's view): a server of this claim's device, with this claim's limits. Not the
+    daemon's records: the shares of a GPU are clients of one server whose caps are the largest share's, and
+    what a container reaches depends on its own mount and env, which no record shows."""
+    assert exp.mps is not None
+    containers = claim_containers(claim_name, observed)
+    if not containers:
+        return [f"{where}: MPS limits expected but no running container gets the claim"]
+    want_pct = exp.mps.activeThreadPercentage
+    want_pinned = (
+        None if exp.mps.pinnedMemoryLimit is None else int(_quantity(exp.mps.pinnedMemoryLimit, where))
+    )
+    failures: list[str] = []
+    for key in containers:
+        report = observed.clients.get(key)
+        if report is None:
+            failures.append(f"{where}: no CUDA client has asked MPS from inside {key} yet")
+            continue
+        if report.error is not None:
+            failures.append(f"{where}: a CUDA client in {key} got no answer from MPS: {report.error}")
+            continue
+        if not report.mps:
+            failures.append(f"{where}: a CUDA client in {key} runs without MPS (no daemon behind its pipe)")
+            continue
+        if not uuids & set(report.gpus):
             failures.append(
-                f"{where}: MPS pinned memory limits {dict(limits)}, expected {exp.mps.pinnedMemoryLimit} each"
+                f"{where}: the MPS server that {key} reaches serves {list(report.gpus)}, not the claim's "
+                f"device {sorted(uuids)} (its pipe leads to another claim's daemon)"
             )
+        if want_pct is not None and report.active_thread_percentage != want_pct:
+            failures.append(
+                f"{where}: a CUDA client in {key} gets MPS active thread percentage "
+                f"{report.active_thread_percentage}, expected {want_pct}"
+            )
+        if want_pinned is not None:
+            limits = {u: v for u, v in report.pinned_limits.items() if not uuids or u in uuids} or dict(
+                report.pinned_limits
+            )
+            if not limits or any(v is None or mps_limit_bytes(v) != want_pinned for v in limits.values()):
+                failures.append(
+                    f"{where}: a CUDA client in {key} gets MPS pinned memory limits {limits}, expected "
+                    f"{exp.mps.pinnedMemoryLimit}"
+                )
     return failures
+
+
+def mps_client_containers(exp: Expectation, observed: Observed) -> list[str]:
+    """The containers whose view of MPS the expectations need (the runner asks only these)."""
+    out: list[str] = []
+    for cexp in exp.claims:
+        if cexp.hardware is None or cexp.hardware.mps is None:
+            continue
+        for claim in resolve_claims(cexp.ref, observed)[1]:
+            out += [k for k in claim_containers(claim["metadata"]["name"], observed) if k not in out]
+    return out
+
+
+# ------------------------------------------------------------------------------------------- footprint
+def claim_gpus(claim: Mapping[str, Any], slice_devices: SliceDevices) -> frozenset[str]:
+    """The physical GPUs (uuids) the claim's devices of our driver are on."""
+    found = {
+        device_gpu_uuid(slice_devices.get((d.pool, d.device))) for d in allocated_devices(claim) if d.is_ours
+    }
+    return frozenset(u for u in found if u)
+
+
+def check_footprint(exp: Expectation, observed: Observed) -> list[str]:
+    """The example's claims are on exactly `footprint.gpus` distinct GPUs (counting what claims held in
+    earlier snapshots too). Fewer is a failure only when nothing is unseen: a claim that a Running or
+    Succeeded pod names but that was never seen allocated (a Job's, deleted once its pod ended) may have held
+    the rest."""
+    held: dict[str, frozenset[str]] = dict(observed.held_gpus)
+    for claim in observed.claims:
+        now = claim_gpus(claim, observed.slice_devices)
+        if now:
+            held[claim["metadata"]["name"]] = held.get(claim["metadata"]["name"], frozenset()) | now
+    gpus = frozenset().union(*held.values()) if held else frozenset()
+    want = exp.footprint.gpus
+    by_claim = ", ".join(f"{n}: {len(g)}" for n, g in sorted(held.items()))
+    if len(gpus) > want:
+        return [f"footprint: the claims hold {len(gpus)} distinct GPUs ({by_claim}), expected {want}"]
+    if len(gpus) < want:
+        unseen = sorted(
+            name
+            for pod in observed.pods
+            if phase(pod) in ("Running", "Succeeded")
+            for name in pod_claim_names(pod).values()
+            if name not in held
+        )
+        if not unseen:
+            held_text = by_claim or "none"
+            return [f"footprint: the claims hold {len(gpus)} distinct GPUs ({held_text}), expected {want}"]
+    return []
 
 
 # -------------------------------------------------------------------------------------- device groups
@@ -467,7 +584,7 @@ def check_all(exp: Expectation, observed: Observed) -> list[str]:
         failures += check_pod_expectation(pexp, observed)
     for cexp in exp.claims:
         failures += check_claim_expectation(cexp, observed)
-    return failures + check_groups(exp, observed)
+    return failures + check_groups(exp, observed) + check_footprint(exp, observed)
 
 
 # ------------------------------------------------------------------------------------------- cleanup

@@ -3,7 +3,8 @@
 #
 #   e2e/real_gpu/run_checks.sh OUT_DIR [CTK_DIR]
 #
-# OUT_DIR receives real-gpu-checks.tar.gz: nvidia-smi's view, `dra-gpu slices --hardware real` for each
+# OUT_DIR receives real/<card>/ (read-only nvidia-smi captures to commit as tests/hardware/data/real/<card>/)
+# and real-gpu-checks.tar.gz: nvidia-smi's view, `dra-gpu slices --hardware real` for each
 # consumable-shares mode and each Kubernetes layout (1.34, 1.37, 1.37 with DRAListTypeAttributes), the
 # discovery-vs-nvidia-smi comparison, the CDI comparison with `nvidia-ctk cdi generate` (when CTK_DIR holds
 # nvidia-ctk and nvidia-cdi-hook), and the plugin's start-up time and memory. Changes no GPU setting.
@@ -17,6 +18,23 @@ py="${PYTHON:-python3}"
 
 { nvidia-smi -q; nvidia-smi --query-gpu=name,driver_version,mig.mode.current,compute_mode --format=csv; } \
     >"$work/nvidia-smi.txt" 2>&1
+# Read-only captures of the real card for the fidelity test (tests/hardware/test_compare_nvidia_smi.py), saved
+# unpacked as OUT_DIR/real/<card>/ to be committed as tests/hardware/data/real/<card>/: the simulator's
+# nvidia-smi is made from the same profile data as its NVML, so only a real card's output can show either wrong.
+cap="$work/capture"
+mkdir -p "$cap"
+nvidia-smi -q -x >"$cap/nvidia-smi-q-x.xml" 2>"$cap/nvidia-smi-q-x.err"
+nvidia-smi -q >"$cap/nvidia-smi-q.txt" 2>&1
+nvidia-smi mig -lgip >"$cap/nvidia-smi-mig-lgip.txt" 2>&1
+nvidia-smi mig -lgipp >"$cap/nvidia-smi-mig-lgipp.txt" 2>&1
+nvidia-smi --query-gpu=name,driver_version --format=csv >"$cap/gpu.csv" 2>&1
+date -u +%Y-%m-%dT%H:%M:%SZ >"$cap/taken-at.txt"
+find "$cap" -name '*.err' -empty -delete
+# <card>: the first GPU's product name as a folder name ("NVIDIA H100 80GB HBM3" -> nvidia-h100-80gb-hbm3)
+card="$($py -c 'import sys, xml.etree.ElementTree as E; print(E.parse(sys.argv[1]).findtext("gpu/product_name", ""))' \
+    "$cap/nvidia-smi-q-x.xml" 2>/dev/null | tr '[:upper:]' '[:lower:]' | tr -cs 'a-z0-9' '-' | sed 's/^-*//; s/-*$//')"
+mkdir -p "$out/real/${card:-unknown-card}"
+cp "$cap"/* "$out/real/${card:-unknown-card}/"
 $py -c 'import sys; print(sys.version); import rich' >"$work/python.txt" 2>&1
 $py -m dra_gpu.hardware.compare_nvidia_smi --hardware real --nvidia-driver-root / >"$work/compare-nvidia-smi.txt" 2>&1
 for shares in disabled memory unlimited 4; do

@@ -243,7 +243,12 @@ class RejectedObject(_Strict):
 
 
 class Footprint(_Strict):
-    gpus: int = Field(ge=0, le=8, description="full GPUs the example holds at most at once")
+    gpus: int = Field(
+        ge=0,
+        le=8,
+        description="distinct physical GPUs the example's claims are on, exactly (a MIG device or a share "
+        "counts its GPU): checked offline (tests/deploy/test_examples_allocate.py) and on the cluster",
+    )
 
 
 class Cleanup(_Strict):

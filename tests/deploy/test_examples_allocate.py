@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dra_gpu.cel.quantity import parse_quantity_strict
 from dra_gpu.cli.main import main
@@ -187,3 +188,122 @@ def _check_devices(want: DeviceExpectation, results: list[dict[str, Any]], got: 
         for d in got:
             value = parse_quantity_strict(d["capacity"][name]["value"])
             assert value >= parse_quantity_strict(minimum), f"{d['name']} {name}={value}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Footprint: the example's claims allocated together, as the scheduler would one pod after another
+
+
+def _expanded_pods(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The documents with each Deployment/StatefulSet/ReplicaSet/Job replaced by the pods it runs at once
+    (replicas, or a Job's parallelism), so every pod gets its own claims from its templates."""
+    out: list[dict[str, Any]] = []
+    for doc in docs:
+        kind = doc.get("kind")
+        if kind not in ("Deployment", "StatefulSet", "ReplicaSet", "Job"):
+            out.append(doc)
+            continue
+        spec = doc["spec"]
+        count = int(spec.get("parallelism", 1) if kind == "Job" else spec.get("replicas", 1))
+        meta = doc["metadata"]
+        for i in range(count):
+            template = spec["template"]
+            out.append({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {**template.get("metadata", {}), "name": f"{meta['name']}-{i}",
+                             "namespace": meta.get("namespace", "default")},
+                "spec": template["spec"],
+            })  # fmt: skip
+    return out
+
+
+def _quota_caps(docs: list[dict[str, Any]]) -> dict[str, int]:
+    """DeviceClass -> the most devices a ResourceQuota lets the namespace's claims ask for
+    (`<class>.deviceclass.resource.k8s.io/devices`): claims past it are never created."""
+    caps: dict[str, int] = {}
+    for doc in docs:
+        if doc.get("kind") == "ResourceQuota":
+            for key, value in (doc.get("spec", {}).get("hard") or {}).items():
+                if key.endswith(".deviceclass.resource.k8s.io/devices"):
+                    caps[key.removesuffix(".deviceclass.resource.k8s.io/devices")] = int(value)
+    return caps
+
+
+def _gpus_held_together(example: Path, expect: Expectation, tmp: Path) -> dict[str, set[str]]:
+    """Claim ("namespace/name") -> GPU uuids, with every pod's claims allocated by the project's allocator
+    in order, each seeing what the earlier ones hold (`dra-gpu explain` explains each claim on an empty
+    node, which says nothing about how many GPUs they take together). Claims no pod uses are never
+    allocated, as in a cluster."""
+    from dra_gpu.allocator.explain import explain
+    from dra_gpu.allocator.pools import SliceIndex
+    from dra_gpu.allocator.search import Existing
+    from dra_gpu.cli.explain import _claim_groups, _device_classes, _hardware_inventory
+    from dra_gpu.lint.manifests import load_documents
+
+    rejected = {(r.kind, r.name) for r in expect.rejected}
+    raw = [
+        d.body
+        for name in expect.manifests
+        for d in load_docs(example / name)
+        if (d.kind, d.name) not in rejected
+    ]
+    docs = _expanded_pods(raw)
+    path = tmp / "expanded.yaml"
+    path.write_text(yaml.safe_dump_all([d for d in docs if d.get("kind") != "ResourceQuota"]))
+    documents = load_documents([str(path)])
+    shares = "memory" if "consumable-shares" in expect.requires else "disabled"
+    inventory = _hardware_inventory(expect.hardware, 1, "1.37", shares)
+    classes, _ = _device_classes(documents, inventory)
+    groups, _ = _claim_groups(documents, inventory, classes)
+    referenced = {
+        (str(d["metadata"].get("namespace", "default")), str(ref["resourceClaimName"]))
+        for d in docs
+        if d.get("kind") == "Pod"
+        for ref in d["spec"].get("resourceClaims") or ()
+        if ref.get("resourceClaimName")
+    }
+    index = SliceIndex(inventory.slices)
+    existing = Existing()
+    caps = _quota_caps(raw)
+    devices = _devices(expect.hardware)
+    held: dict[str, set[str]] = {}
+    for group in groups:
+        if not any(
+            (c.namespace, c.name) in referenced or c.source.startswith(("template ", "extended resources"))
+            for c in group
+        ):
+            continue  # a claim no pod uses: never allocated
+        todo = [c for c in group if f"{c.namespace}/{c.name}" not in held]
+        wanted: Counter[str] = Counter()
+        for c in todo:
+            for request in c.requests:
+                wanted[request.alternatives[0].class_name] += request.alternatives[0].count
+        if any(caps.get(k, n) < n for k, n in wanted.items()):
+            continue  # the quota refuses the pod's claims: it stays Pending, holding nothing
+        for k, n in wanted.items():
+            if k in caps:
+                caps[k] -= n
+        for found in explain([todo], classes, index, inventory.nodes, existing):
+            held[f"{found.namespace}/{found.name}"] = set()
+            for r in found.results if found.allocatable else ():
+                device_id = (r.driver, r.pool, r.device)
+                existing.holders[device_id] = found.name
+                if r.share_id is not None or r.consumed_capacity:
+                    existing.shared.setdefault(device_id, []).append(dict(r.consumed_capacity or {}))
+                else:
+                    existing.exclusive.add(device_id)
+                attrs = devices[r.device]["attributes"]
+                held[f"{found.namespace}/{found.name}"].add(
+                    (attrs.get("parentUUID") or attrs["uuid"])["string"]
+                )
+    return held
+
+
+@pytest.mark.parametrize("example", EXAMPLE_DIRS, ids=lambda p: p.name)
+def test_claims_allocated_together_take_the_footprint(example: Path, tmp_path: Path) -> None:
+    """`footprint: {gpus: N}`: allocated together, the example's claims are on exactly N distinct GPUs (the
+    end-to-end suite checks the same on the cluster, e2e/lib/expectations.py check_footprint)."""
+    expect = load_expectation(example / "expect.yaml")
+    held = _gpus_held_together(example, expect, tmp_path)
+    gpus = set().union(*held.values()) if held else set()
+    assert len(gpus) == expect.footprint.gpus, {claim: len(g) for claim, g in held.items()}

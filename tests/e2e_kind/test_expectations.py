@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.lib.container_report import ContainerReport
+from e2e.lib.container_report import ClientReport, ContainerReport
 from e2e.lib.example_runner import ExampleRun
 from e2e.lib.expectations import (
     Observed,
@@ -115,6 +115,18 @@ def _mps_observed(pct: int = 50, limit: str = "10G", second_device: str = "gpu-0
         reports={"pod0/ctr": REPORT, "pod1/ctr": REPORT},
         sim_before=_state([_gpu_state(GPU0)]),
         sim_now=_state([_gpu_state(GPU0, compute_mode=3)], mps),
+        clients={key: _client(pct, limit) for key in ("pod0/ctr", "pod1/ctr")},
+    )
+
+
+def _client(pct: int, limit: str, gpu: str = GPU0) -> ClientReport:
+    """What the simulated CUDA client in a container reports (limits as `<N>M`, as the client gives them)."""
+    return ClientReport(
+        mps=True,
+        server_pid=4194305,
+        gpus=(gpu,),
+        active_thread_percentage=pct,
+        pinned_limits={gpu: f"{mps_limit_bytes(limit) // 2**20}M"},
     )
 
 
@@ -128,7 +140,7 @@ def test_mps_example_reports_every_broken_promise() -> None:
     failures = check_all(exp, _mps_observed(pct=100, limit="8G", second_device="gpu-1"))
     text = "\n".join(failures)
     assert "active thread percentage 100, expected 50" in text
-    assert "expected 10Gi each" in text
+    assert "pinned memory limits {'GPU-aaaa': '8192M'}, expected 10Gi" in text
     assert "sameDevices" in text and "reservedFor" not in text
 
 
@@ -302,3 +314,50 @@ def test_the_runner_makes_a_pod_again_once_after_a_runtime_start_flake() -> None
     assert {c["image"] for c in made["spec"]["containers"]} == {"dra-gpu-test:local"}
     assert not run._recreate_runtime_flakes([flaky])  # once: a second failure is the example's
     assert len(kubectl.calls) == 2
+
+
+def test_footprint_counts_the_distinct_gpus_of_the_claims() -> None:
+    """mps-limits promises one GPU: its claim on gpu-0 holds; a claim on a second GPU breaks it."""
+    exp = load_expectation(EXAMPLES / "mps-limits" / "expect.yaml")
+    assert not [f for f in check_all(exp, _mps_observed()) if f.startswith("footprint")]
+    two = [f for f in check_all(exp, _mps_observed(second_device="gpu-1")) if f.startswith("footprint")]
+    assert two == ["footprint: the claims hold 2 distinct GPUs (mps-gpu: 1, other: 1), expected 1"]
+
+
+def test_footprint_remembers_claims_gone_with_their_pods() -> None:
+    """A Job's claims are deleted once its pods succeed: what they held (held_gpus) still counts, and while a
+    finished pod's claim was never seen the count may fall short without failing."""
+    exp = load_expectation(EXAMPLES / "job-claim-template" / "expect.yaml")  # footprint 2
+    ref = {"name": "gpu", "resourceClaimTemplateName": "single-gpu"}
+    pods = [
+        _pod(f"job-{i}", ref, [{"name": "ctr"}], "Succeeded", [{"name": "gpu", "resourceClaimName": f"c{i}"}])
+        for i in range(2)
+    ]
+    devices = {(NODE, "gpu-0"): _gpu_device("gpu-0", GPU0), (NODE, "gpu-1"): _gpu_device("gpu-1", "GPU-b")}
+    unseen = Observed(pods=pods, claims=[], slice_devices=devices)
+    assert not [f for f in check_all(exp, unseen) if f.startswith("footprint")]
+    seen_one = Observed(pods=pods, claims=[], slice_devices=devices, held_gpus={"c0": frozenset({GPU0})})
+    assert not [f for f in check_all(exp, seen_one) if f.startswith("footprint")]  # c1 unseen
+    both_on_one = Observed(
+        pods=pods,
+        claims=[],
+        slice_devices=devices,
+        held_gpus={"c0": frozenset({GPU0}), "c1": frozenset({GPU0})},
+    )
+    assert [f for f in check_all(exp, both_on_one) if f.startswith("footprint")] == [
+        "footprint: the claims hold 1 distinct GPUs (c0: 1, c1: 1), expected 2"
+    ]
+
+
+def test_each_container_of_the_claim_must_have_asked_mps_itself() -> None:
+    """mps-limits: both pods' containers are asked; one whose client got no answer, or that was not asked
+    yet, fails the claim even when the other container is served right."""
+    exp = load_expectation(EXAMPLES / "mps-limits" / "expect.yaml")
+    observed = _mps_observed()
+    clients = {"pod0/ctr": ClientReport(error="the client exited 1: no MPS control daemon")}
+    failures = check_all(exp, Observed(**{**observed.__dict__, "clients": clients}))
+    assert [f for f in failures if "CUDA client" in f] == [
+        "claim mps-gpu (mps-gpu): a CUDA client in pod0/ctr got no answer from MPS: the client exited 1: no "
+        "MPS control daemon",
+        "claim mps-gpu (mps-gpu): no CUDA client has asked MPS from inside pod1/ctr yet",
+    ]

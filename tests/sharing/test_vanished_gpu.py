@@ -4,6 +4,8 @@ recorded as pending cleanup, and the reconcile loop finishes it once the GPU is 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from sim_node import SimNode
 from test_mig_lifecycle import dynamic
@@ -14,7 +16,7 @@ from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.manager import HardwareSharingManager
 
 
-def _unprepare_fast(manager: HardwareSharingManager, claim_uid: str, state: dict[str, object]) -> None:
+def _unprepare_fast(manager: HardwareSharingManager, claim_uid: str, state: Mapping[str, Any]) -> None:
     started = time.monotonic()
     manager.unprepare_group(claim_uid, state)  # no SharingError: the kubelet can finish the pod
     assert time.monotonic() - started < 10
