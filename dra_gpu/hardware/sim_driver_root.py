@@ -77,7 +77,8 @@ def state_report(driver_root: str | os.PathLike[str]) -> dict[str, Any]:
         for g in gpus
     ]
     for gpu, entry in zip(gpus, data["gpus"], strict=True):
-        entry.update(index=gpu.index, minor=gpu.minor)
+        # the minor the driver serves it under now (a MIG switch may have renumbered it); the layout's in devices
+        entry.update(index=gpu.index, minor=gpu.minor if entry.get("minor") is None else entry["minor"])
         names = {p.gi_profile_id: p.name for p in gpu.profile.mig_profiles}
         for gi in entry["gpu_instances"]:
             gi["profile"] = names.get(gi["profile_id"], str(gi["profile_id"]))
@@ -166,18 +167,24 @@ def sync_mig_capabilities(driver_root: str | os.PathLike[str], state: SimState) 
     gpus = profiles.simulated_gpus(state.layout(), state.seed)
     wanted_files: dict[Path, str] = {}
     wanted_nodes = {dev_caps / "nvidia-cap1", dev_caps / "nvidia-cap2"}
-    for gpu, gstate in zip(gpus, state.gpus, strict=True):
+    # A MIG mode switch may have renumbered a GPU (state.py, renumber_minor): the driver then serves it, its
+    # device node and its capability files under the new minor.
+    minors = [g.minor if g.minor is not None else gpu.minor for gpu, g in zip(gpus, state.gpus, strict=True)]
+    for gpu_minor, gstate in zip(minors, state.gpus, strict=True):
+        if gpu_minor not in {g.minor for g in gpus}:
+            _make_device_node(root / "dev" / f"nvidia{gpu_minor}")
+            (caps_dir / f"gpu{gpu_minor}" / "mig").mkdir(parents=True, exist_ok=True)
         for gi in gstate.gpu_instances:
-            gi_dir = caps_dir / f"gpu{gpu.minor}" / "mig" / f"gi{gi.gi_id}"
-            minor = gi_cap_minor(gpu.minor, gi.gi_id)
+            gi_dir = caps_dir / f"gpu{gpu_minor}" / "mig" / f"gi{gi.gi_id}"
+            minor = gi_cap_minor(gpu_minor, gi.gi_id)
             wanted_files[gi_dir / "access"] = _cap_text(minor)
             wanted_nodes.add(dev_caps / f"nvidia-cap{minor}")
             for ci in gi.compute_instances:
-                minor = ci_cap_minor(gpu.minor, gi.gi_id, ci.ci_id)
+                minor = ci_cap_minor(gpu_minor, gi.gi_id, ci.ci_id)
                 wanted_files[gi_dir / f"ci{ci.ci_id}" / "access"] = _cap_text(minor)
                 wanted_nodes.add(dev_caps / f"nvidia-cap{minor}")
-    for gpu in gpus:  # drop instances that no longer exist
-        mig_dir = caps_dir / f"gpu{gpu.minor}" / "mig"
+    for gpu_minor in sorted({g.minor for g in gpus} | set(minors)):  # drop instances that no longer exist
+        mig_dir = caps_dir / f"gpu{gpu_minor}" / "mig"
         if mig_dir.is_dir():
             for gi_dir in mig_dir.iterdir():
                 for access in [gi_dir / "access", *gi_dir.glob("ci*/access")]:

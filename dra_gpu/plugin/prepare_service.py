@@ -390,7 +390,7 @@ class PrepareService:
                 "(delete and recreate the claim)",
             )
         edits: dict[str, CdiEdits] = {}
-        mig_ids: dict[str, tuple[int, int, str]] = {}
+        mig_ids: dict[str, tuple[int, int, str, int]] = {}
         try:
             for group in entry.groups:
                 # Entries written before `cdiEdits` existed: the sharing manager's state has the same shape.
@@ -398,7 +398,12 @@ class PrepareService:
                 for name in group.devices:
                     edits.setdefault(name, group_edits)
                 for name, mig in group.mig_instances.items():
-                    mig_ids[name] = (int(mig["giID"]), int(mig["ciID"]), str(mig.get("uuid") or ""))
+                    mig_ids[name] = (
+                        int(mig["giID"]),
+                        int(mig["ciID"]),
+                        str(mig.get("uuid") or ""),
+                        int(mig.get("parentMinor", -1)),
+                    )
         except (KeyError, TypeError, ValueError) as exc:
             raise ClaimError(
                 "checkpoint",
@@ -647,7 +652,7 @@ class PrepareService:
         edits_by_name: dict[str, CdiEdits] = {}
         for index in sorted(group_edits):  # a device in two requests: the edits of its first one
             edits_by_name.setdefault(allocations[index].device.name, group_edits[index])
-        mig_ids = {name: (m.gi_id, m.ci_id, m.uuid) for name, m in created_mig.items()}
+        mig_ids = {name: (m.gi_id, m.ci_id, m.uuid, m.parent_minor) for name, m in created_mig.items()}
         self._write_spec(ref, [a.device for a in allocations], edits_by_name, mig_ids)
         self.faults.reached("prepare-cdi-written")
 
@@ -668,7 +673,7 @@ class PrepareService:
         ref: ClaimRef,
         devices: Sequence[Device],
         edits: Mapping[str, CdiEdits],
-        mig_ids: Mapping[str, tuple[int, int, str]],
+        mig_ids: Mapping[str, tuple[int, int, str, int]],
     ) -> None:
         """Build and write the claim's CDI spec. `edits`: device name -> its group's edits; `mig_ids`: device
         name -> (gi id, ci id, uuid) of the MIG instances created for the claim."""
@@ -688,7 +693,7 @@ class PrepareService:
         ref: ClaimRef,
         allocated: Sequence[Device],
         edits: Mapping[str, CdiEdits],
-        mig_ids: Mapping[str, tuple[int, int, str]],
+        mig_ids: Mapping[str, tuple[int, int, str, int]],
     ) -> list[ClaimDevice]:
         devices: dict[str, ClaimDevice] = {}
         for device in allocated:
@@ -696,12 +701,17 @@ class PrepareService:
                 continue  # the same shared device in two requests: one CDI device
             # Device nodes carry host paths (the runtime reads the spec on the host); capability files are
             # read here, inside the plugin's container.
-            nodes = gpu_device_nodes(self.driver_root, device.parent_minor)
+            minor = device.parent_minor
+            if device.name in mig_ids and mig_ids[device.name][3] >= 0:
+                # the GPU's minor as the MIG instance was created: switching MIG mode on may renumber it
+                # (nvml.h, nvmlDeviceSetMigMode), and the published device still carries the old one
+                minor = mig_ids[device.name][3]
+            nodes = gpu_device_nodes(self.driver_root, minor)
             uuids: tuple[str, ...] = (device.parent_uuid,)
             if device.kind in (DeviceKind.MIG_STATIC, DeviceKind.MIG_DYNAMIC):
                 gi_ci = self._mig_ids(ref, device, mig_ids)
                 try:
-                    caps = mig_capability_minors(self.container_driver_root, device.parent_minor, *gi_ci[:2])
+                    caps = mig_capability_minors(self.container_driver_root, minor, *gi_ci[:2])
                 except MigCapabilityError as exc:
                     raise ClaimError("cdi", f"claim {ref}: device {device.name}: {exc}") from exc
                 nodes = nodes + mig_capability_nodes(self.driver_root, caps)
@@ -716,11 +726,11 @@ class PrepareService:
 
     @staticmethod
     def _mig_ids(
-        ref: ClaimRef, device: Device, created: Mapping[str, tuple[int, int, str]]
+        ref: ClaimRef, device: Device, created: Mapping[str, tuple[int, int, str, int]]
     ) -> tuple[int, int, str]:
         ids = created.get(device.name)
         if ids is not None:
-            return ids
+            return ids[:3]
         mig = device.mig
         if mig is None or mig.gi_id is None or mig.ci_id is None:
             raise ClaimError(
