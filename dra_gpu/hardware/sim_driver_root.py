@@ -77,7 +77,7 @@ def state_report(driver_root: str | os.PathLike[str]) -> dict[str, Any]:
         for g in gpus
     ]
     for gpu, entry in zip(gpus, data["gpus"], strict=True):
-        # the minor the driver serves it under now (a MIG switch may have renumbered it); the layout's in devices
+        # the minor it is served under now (a MIG switch may renumber it); the layout's is in "devices"
         entry.update(index=gpu.index, minor=gpu.minor if entry.get("minor") is None else entry["minor"])
         names = {p.gi_profile_id: p.name for p in gpu.profile.mig_profiles}
         for gi in entry["gpu_instances"]:

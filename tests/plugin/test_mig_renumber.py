@@ -1,5 +1,5 @@
-"""A GPU whose minor number changes when its MIG mode is switched on (nvml.h allows it) is found again by UUID,
-and the claim's container gets the GPU's device node and MIG capabilities under the new minor."""
+"""A GPU whose minor number changes when its MIG mode is switched on (nvml.h allows it) is found again by
+UUID, and the claim's container gets the GPU's device node and MIG capabilities under the new minor."""
 
 from __future__ import annotations
 
