@@ -215,6 +215,7 @@ class MpsDaemons:
         # daemon id -> its pod's restartCount as `alive` last read it / as its limits were last checked at
         self._observed_restarts: dict[str, int | None] = {}
         self._checked_restarts: dict[str, int] = {}
+        self._server_lists: dict[str, list[int]] = {}  # daemon id -> servers, as `answers` just read them
 
     # ---- start ---------------------------------------------------------------------------------------------
 
@@ -379,7 +380,9 @@ class MpsDaemons:
                 self._checked_restarts[latest["id"]] = restarts
         if not limit_commands(latest):
             return applied
-        servers = self.server_pids(latest)
+        servers = self._server_lists.pop(latest["id"], None)
+        if servers is None:
+            servers = self.server_pids(latest)
         off = self._servers_off_limits(latest, servers)
         if off:
             log.warning("MPS servers without the daemon's limits; setting them", id=latest["id"], servers=off)
@@ -565,10 +568,12 @@ class MpsDaemons:
         """The daemon answers on its pipe, or is busy with another control session for longer than this waits
         (it runs: only a running daemon refuses a session)."""
         try:
-            self.command(record, "get_server_list", timeout_s=5)
-            return True
+            answer = self.command(record, "get_server_list", timeout_s=5)
         except SharingError as err:
             return BUSY in str(err)
+        # the reconcile pass asks `alive`, then `ensure_limits`: one control session serves both
+        self._server_lists[record["id"]] = parse_server_list(answer)
+        return True
 
     def restart(self, record: dict[str, Any]) -> None:
         """Start the daemon of `record` again (same limits, same `clients` directory for the containers), e.g.
