@@ -397,14 +397,15 @@ class HardwareSharingManager:
                 entry["clients"].pop(key, None)
             self._faults("shares-client-removed")
             if entry["clients"]:
-                return self._shrink_caps(gpu_uuid, entry)
+                return self._fit_caps(gpu_uuid, entry)
             problems = self._mps.stop(entry["daemon"], on_gpu_gone=self._restore_later)
             if not problems:
                 del data["sharedMps"][gpu_uuid]
             return problems
 
-    def _shrink_caps(self, gpu_uuid: str, entry: dict[str, Any]) -> list[str]:
-        """Hold a shares server to the largest share it still serves (a leaving share's caps must go)."""
+    def _fit_caps(self, gpu_uuid: str, entry: dict[str, Any]) -> list[str]:
+        """Hold a shares server to the largest share it serves: grown when a larger one joins, shrunk when
+        one leaves (a departed share's caps must go). Problems are logged; the next reconcile pass retries."""
         record = entry["daemon"]
         if not entry.get("daemon", {}).get("sharesServer"):
             return []  # a per-GPU daemon from before the shares server: its limits are its only client's
@@ -419,7 +420,7 @@ class HardwareSharingManager:
         try:
             self._mps.set_limits(record, thread, {gpu_uuid: memory})
         except SharingError as err:  # the record holds the new caps: the reconcile pass sets them
-            log.warning("shares server caps not lowered yet", gpu=gpu_uuid, error=str(err))
+            log.warning("shares server caps not set yet", gpu=gpu_uuid, error=str(err))
         return []
 
     def _restore_later(self, gpu_uuid: str, mode: int) -> None:
@@ -502,7 +503,7 @@ class HardwareSharingManager:
                     log.info("dropped share clients no claim owns", gpu=gpu_uuid, clients=unowned)
                 if entry["clients"]:
                     if unowned:
-                        self._shrink_caps(gpu_uuid, entry)
+                        self._fit_caps(gpu_uuid, entry)
                     continue
                 problems = self._mps.stop(entry["daemon"], on_gpu_gone=self._restore_later)
                 if problems:
@@ -537,6 +538,9 @@ class HardwareSharingManager:
                 if entry is not None and entry["clients"]:
                     self._reconcile_one(entry["daemon"], report)
                     entry["daemon"] = self._mps.latest(entry["daemon"])
+                    # the caps follow the clients the registry holds (a join or leave killed between
+                    # saving new caps and saving the registry leaves them apart)
+                    self._fit_caps(gpu_uuid, entry)
         if not self._node_work_pending():
             return report
         with self._locks.node():  # rare (a GPU came back): the whole node at once

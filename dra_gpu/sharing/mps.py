@@ -214,7 +214,7 @@ class MpsDaemons:
         self._faults: Callable[[str], None] = faults or (lambda _step: None)
         # daemon id -> its pod's restartCount as `alive` last read it / as its limits were last checked at
         self._observed_restarts: dict[str, int | None] = {}
-        self._checked_restarts: dict[str, int] = {}
+        self._defaults_checked: dict[str, str] = {}  # daemon id -> the identity and limits last checked
         self._server_lists: dict[str, list[int]] = {}  # daemon id -> servers, as `answers` just read them
 
     # ---- start ---------------------------------------------------------------------------------------------
@@ -368,16 +368,21 @@ class MpsDaemons:
         defaults had to be set again; SharingError when setting failed."""
         latest = self.latest(record)
         applied = False
-        if latest.get("launcher") == "pod" and self._pods is not None:
-            restarts = self._observed_restarts.get(latest["id"])  # read by `alive` just before: no second GET
-            if restarts is not None and self._checked_restarts.get(latest["id"]) != restarts:
-                if limit_commands(latest) and not self.holds_limits(latest):
-                    log.warning(
-                        "MPS daemon lost its limits; setting them again", id=latest["id"], restarts=restarts
-                    )
-                    self._wait_ready(latest, limit_commands(latest))
-                    applied = True
-                self._checked_restarts[latest["id"]] = restarts
+        # The daemon's own defaults (the next server's caps), once per daemon identity this process sees: a
+        # pod's container restarted by the kubelet, a daemon started before this process, or limits saved
+        # in the record by a process killed before it sent them (set_limits) are all checked here.
+        identity = json.dumps(
+            [latest.get("pid"), latest.get("startTime"), latest.get("podUid"),
+             self._observed_restarts.get(latest["id"]), latest.get("threadPercentage"),
+             latest.get("pinnedLimits")],
+            sort_keys=True,
+        )  # fmt: skip
+        if self._defaults_checked.get(latest["id"]) != identity:
+            if limit_commands(latest) and not self.holds_limits(latest):
+                log.warning("MPS daemon without its limits; setting them again", id=latest["id"])
+                self._wait_ready(latest, limit_commands(latest))
+                applied = True
+            self._defaults_checked[latest["id"]] = identity
         if not limit_commands(latest):
             return applied
         servers = self._server_lists.pop(latest["id"], None)

@@ -3,6 +3,7 @@ and contended devices: no unexpected error, identical answers for a shared claim
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from dra_gpu.sharing.manager import shared_daemon_id
+from tests.plugin.claim_view import workload
 from tests.plugin.kubelet_client import ClaimId, KubeletClient, devices_of
 from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, Result, SimNode, opaque, time_slicing
 
@@ -142,21 +145,23 @@ def _share(claims: ClaimFactory, gpu: int, index: int) -> ClaimId:
     return ClaimId(NS, uid, name)
 
 
-def test_fractional_shares_of_one_gpu_are_prepared_side_by_side(
+def test_shares_of_distinct_gpus_are_prepared_side_by_side(
     start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
 ) -> None:
-    """A share starts its own MPS daemon and changes nothing GPU-wide, so shares of one GPU hold it shared:
-    four of gpu-0 are inside their prepare together, and each got its own daemon with its own limits."""
+    """A share holds only its own GPU: shares of four GPUs are inside their prepare together, and each GPU
+    gets its one shares server."""
     plugin = start_plugin(
         env={"DRA_GPU_FAULT_MEET_AT": "prepare-started:4", "DRA_GPU_FAULT_MEET_TIMEOUT_S": "30"}
     )
     kubelet = KubeletClient(node.registration_socket)
-    shares = [_share(claims, 0, i) for i in range(4)]
+    shares = [_share(claims, gpu, 0) for gpu in range(4)]
     _prepare_together(kubelet, shares)
     log = plugin.log_tail(400)
     assert "4 calls met at step prepare-started" in log, log
     running = [r for r in node.mps_records().values() if r.get("running")]
-    assert len(running) == 4 and {r["default_active_thread_percentage"] for r in running} == {10}
+    assert sorted(r["visible_devices"][0] for r in running) == sorted(
+        g.uuid for g in node.sim_state().gpus[:4]
+    )
     with ThreadPoolExecutor(max_workers=4) as pool:
         undone = list(pool.map(lambda c: kubelet.unprepare([c]), shares))
     assert all(r.claims[c.uid].error == "" for r, c in zip(undone, shares, strict=True))
@@ -164,14 +169,45 @@ def test_fractional_shares_of_one_gpu_are_prepared_side_by_side(
     kubelet.close()
 
 
-def test_repeated_calls_for_shares_of_one_gpu_each_get_one_daemon(
+def test_fractional_shares_of_one_gpu_take_turns_and_join_one_server(
     start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
 ) -> None:
-    """Shares of a GPU hold it side by side, so repeats of one share claim (a kubelet retry beside the first
-    call) would meet inside it: the claim's own lock makes them take turns. Every repeat gets the same answer,
-    each claim has exactly one daemon, and repeated unprepares leave nothing behind."""
+    """Shares of one GPU join and leave its one shares server (its clients and caps), so they hold the GPU
+    alone and take turns: the meeting of two inside their prepare is given up, and all four still prepare,
+    clients of one server, each workload held to its own share."""
+    plugin = start_plugin(
+        env={"DRA_GPU_FAULT_MEET_AT": "prepare-started:2", "DRA_GPU_FAULT_MEET_TIMEOUT_S": "2"}
+    )
+    kubelet = KubeletClient(node.registration_socket)
+    shares = [_share(claims, 0, i) for i in range(4)]
+    _prepare_together(kubelet, shares)
+    log = plugin.log_tail(400)
+    assert "gave up waiting at step prepare-started for 2 calls" in log, log
+    assert "calls met" not in log
+    running = [r for r in node.mps_records().values() if r.get("running")]
+    assert len(running) == 1 and running[0]["default_active_thread_percentage"] == 10
+    views = [workload(node, c.uid) for c in shares]
+    assert all(v.get("mps") for v in views), views
+    assert len({v["serverPid"] for v in views}) == 1
+    assert {(v["activeThreadPercentage"], *v["pinnedDeviceMemoryLimits"].values()) for v in views} == {
+        (10, "8192M")
+    }
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        undone = list(pool.map(lambda c: kubelet.unprepare([c]), shares))
+    assert all(r.claims[c.uid].error == "" for r, c in zip(undone, shares, strict=True))
+    assert not [r for r in node.mps_records().values() if r.get("running")]
+    kubelet.close()
+
+
+def test_repeated_calls_for_shares_of_one_gpu_each_join_once(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """Repeats of one share claim (a kubelet retry beside the first call) take turns with each other and with
+    the GPU's other shares. Every repeat gets the same answer, the GPU has one server and each claim is one
+    client of it, and repeated unprepares leave nothing behind."""
     start_plugin()
     kubelet = KubeletClient(node.registration_socket)
+    gpu2 = node.sim_state().gpus[2].uuid
     shares = [_share(claims, 2, i) for i in range(3)]
     calls = shares * 4
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
@@ -182,10 +218,14 @@ def test_repeated_calls_for_shares_of_one_gpu_each_get_one_daemon(
         answers.setdefault(claim.uid, set()).add(repr(devices_of(response, claim.uid)))
     assert all(len(a) == 1 for a in answers.values())
     running = [r for r in node.mps_records().values() if r.get("running")]
-    assert len(running) == 3 and len({r["pid"] for r in running}) == 3
-    daemons = {uid: [g["state"]["mpsDaemon"]["pipeDir"] for g in e["groups"]]
-               for uid, e in node.checkpoint()["claims"].items()}  # fmt: skip
-    assert sorted(p for dirs in daemons.values() for p in dirs) == sorted(r["pipe_dir"] for r in running)
+    assert len(running) == 1
+    groups = [g["state"] for e in node.checkpoint()["claims"].values() for g in e["groups"]]
+    assert len(groups) == 3
+    assert all(g["mpsDaemon"] is None and g["sharedMps"]["ownDaemon"] is False for g in groups)
+    assert {g["sharedMps"]["daemonId"] for g in groups} == {shared_daemon_id(gpu2)}
+    entry = json.loads((node.plugin_dir / "sharing-registry.json").read_text())["sharedMps"][gpu2]
+    assert sorted(entry["clients"]) == sorted(key for g in groups for key in g["sharedMps"]["clients"])
+    assert node.mps_records()[entry["daemon"]["pipeDir"]]["pid"] == running[0]["pid"]
     with ThreadPoolExecutor(max_workers=len(calls)) as pool:
         undone = list(pool.map(lambda c: kubelet.unprepare([c]), shares * 2))
     assert all(r.claims[c.uid].error == "" for r, c in zip(undone, shares * 2, strict=True))

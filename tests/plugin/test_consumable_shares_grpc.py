@@ -1,5 +1,6 @@
 """`--consumable-shares` through the real plugin process and its gRPC API: several claims on one whole GPU,
-each enforced with its consumed memory, unprepared one at a time; the flag off keeps the GPU exclusive; a bad
+clients of the GPU's one MPS server, each held to its consumed memory as its workload sees it (the claim's
+CDI spec run as a container), unprepared one at a time; the flag off keeps the GPU exclusive; a bad
 value stops the plugin with a message naming the flag."""
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from dra_gpu.hardware.types import ComputeMode
+from dra_gpu.sharing.manager import shared_daemon_id
 from dra_gpu.sharing.mps import process_start_time
+from tests.plugin.claim_view import mps_host_dir, workload
 from tests.plugin.kubelet_client import ClaimId, KubeletClient
 from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, Result, SimNode, opaque, time_slicing
 
@@ -34,11 +38,20 @@ def made(namespace: str, pair: tuple[str, str]) -> ClaimId:
     return ClaimId(namespace=namespace, uid=uid, name=name)
 
 
+def registry(node: SimNode) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((node.plugin_dir / "sharing-registry.json").read_text())
+    return doc
+
+
 def test_two_memory_shares_of_one_gpu_prepare_and_unprepare_independently(
     start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
 ) -> None:
+    """Each claim's workload (its CDI spec's mounts and env, run as a container would) reaches its GPU's one
+    shares server held to its own consumed memory: a claim wired to another GPU's pipe, or to the right pipe
+    without its limit, fails here. Unpreparing one leaves the other served as it was."""
     start_plugin(env={"CONSUMABLE_SHARES": "memory"})  # the chart's value arrives as this env var
     kubelet = KubeletClient(node.registration_socket)
+    gpu0, gpu1 = (g.uuid for g in node.sim_state().gpus[:2])
     a = made(
         "team-a",
         claims.make("team-a", [Result("gpu", "gpu-0", share_id=SHARE_A, consumed={"memory": "4Gi"})]),
@@ -47,28 +60,53 @@ def test_two_memory_shares_of_one_gpu_prepare_and_unprepare_independently(
         "team-b",
         claims.make("team-b", [Result("gpu", "gpu-0", share_id=SHARE_B, consumed={"memory": "8Gi"})]),
     )
-    answer = kubelet.prepare([a, b])
-    for claim, share in ((a, SHARE_A), (b, SHARE_B)):
+    c = made(  # a share of another GPU: its own server
+        "team-c",
+        claims.make("team-c", [Result("gpu", "gpu-1", share_id=SHARE_A, consumed={"memory": "2Gi"})]),
+    )
+    answer = kubelet.prepare([a, b, c])
+    for claim, device_name, share in ((a, "gpu-0", SHARE_A), (b, "gpu-0", SHARE_B), (c, "gpu-1", SHARE_A)):
         assert answer.claims[claim.uid].error == "", answer.claims[claim.uid].error
         (device,) = answer.claims[claim.uid].devices
-        assert device.device_name == "gpu-0" and device.share_id == share
+        assert device.device_name == device_name and device.share_id == share
     checkpointed = node.checkpoint()["claims"]
-    assert set(checkpointed) == {a.uid, b.uid}
+    assert set(checkpointed) == {a.uid, b.uid, c.uid}
     running = daemons(node)
-    assert len(running) == 2
-    limits = [
-        node.mps_records()[record["pipeDir"]]["default_pinned_mem_limits"] for record in running.values()
-    ]
-    uuid = next(iter(limits[0]))
-    assert sorted(limit[uuid] for limit in limits) == ["4096M", "8192M"]
+    assert sorted(running) == sorted([shared_daemon_id(gpu0), shared_daemon_id(gpu1)])
+    server0 = running[shared_daemon_id(gpu0)]
+    assert server0["pinnedLimits"] == {gpu0: "8192M"}  # the largest share of gpu-0
+    assert sorted(registry(node)["sharedMps"][gpu0]["clients"]) == sorted(
+        f"{claim.uid}/gpu-0/{share}" for claim, share in ((a, SHARE_A), (b, SHARE_B))
+    )
+    # the spec mounts the GPU's server for every share of it, and each claim's limit is in its own env
+    assert mps_host_dir(node, a.uid) == mps_host_dir(node, b.uid) == server0["clientsDir"]
+    assert mps_host_dir(node, c.uid) == running[shared_daemon_id(gpu1)]["clientsDir"]
+    views = {claim.uid: workload(node, claim.uid) for claim in (a, b, c)}
+    assert all(view.get("mps") for view in views.values()), views
+    assert [views[claim.uid]["gpus"] for claim in (a, b, c)] == [[gpu0], [gpu0], [gpu1]]
+    assert views[a.uid]["serverPid"] == views[b.uid]["serverPid"] != views[c.uid]["serverPid"]
+    assert views[a.uid]["pinnedDeviceMemoryLimits"] == {gpu0: "4096M"}
+    assert views[b.uid]["pinnedDeviceMemoryLimits"] == {gpu0: "8192M"}
+    assert views[c.uid]["pinnedDeviceMemoryLimits"] == {gpu1: "2048M"}
+    assert {view["activeThreadPercentage"] for view in views.values()} == {100}  # memory only: every SM
+    for uuid in (gpu0, gpu1):  # only the server may open a GPU it serves
+        assert node.gpu_compute_mode(uuid) == int(ComputeMode.EXCLUSIVE_PROCESS)
 
     assert kubelet.unprepare([a]).claims[a.uid].error == ""
-    assert set(node.checkpoint()["claims"]) == {b.uid}
-    (left,) = daemons(node).values()
-    assert node.mps_records()[left["pipeDir"]]["default_pinned_mem_limits"] == {uuid: "8192M"}
-    assert process_start_time(left["pid"]) == left["startTime"]  # untouched by the other's unprepare
-    assert kubelet.unprepare([b]).claims[b.uid].error == ""
+    assert set(node.checkpoint()["claims"]) == {b.uid, c.uid}
+    left = daemons(node)[shared_daemon_id(gpu0)]
+    assert (left["pid"], left["startTime"]) == (server0["pid"], server0["startTime"])  # the same server
+    assert process_start_time(left["pid"]) == left["startTime"]
+    assert list(registry(node)["sharedMps"][gpu0]["clients"]) == [f"{b.uid}/gpu-0/{SHARE_B}"]
+    again = workload(node, b.uid)
+    assert again["mps"] and again["pinnedDeviceMemoryLimits"] == {gpu0: "8192M"}
+    assert node.gpu_compute_mode(gpu0) == int(ComputeMode.EXCLUSIVE_PROCESS)
+
+    assert kubelet.unprepare([b, c]).claims[b.uid].error == ""
     assert node.checkpoint()["claims"] == {} and daemons(node) == {}
+    assert registry(node)["sharedMps"] == {}
+    for uuid in (gpu0, gpu1):  # the last share left: the GPU is as it was
+        assert node.gpu_compute_mode(uuid) == int(ComputeMode.DEFAULT)
     kubelet.close()
 
 
@@ -83,6 +121,53 @@ def test_unlimited_shares_get_the_gpu_without_a_daemon(
     assert [answer.claims[c.uid].error for c in (a, b)] == ["", ""]
     assert daemons(node) == {}
     assert kubelet.unprepare([a, b]).claims[a.uid].error == ""
+    kubelet.close()
+
+
+def mps(thread_percentage: int, pinned: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": thread_percentage,
+                "defaultPinnedDeviceMemoryLimit": pinned,
+            },
+        },
+    }
+
+
+def test_shares_with_an_mps_config_are_clients_of_one_server_each_held_to_its_share_and_config(
+    start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """NVIDIA's MPS sharing on consumable shares: the claims' workloads run as clients of the GPU's one server
+    (a server each would time-slice), each held to its consumed memory and the (common) config, whichever is
+    tighter; one that took no memory gets the config's limit."""
+    start_plugin(env={"CONSUMABLE_SHARES": "memory"})
+    kubelet = KubeletClient(node.registration_socket)
+    gpu3 = node.sim_state().gpus[3].uuid
+    share_ids = iter(f"66666666-0000-0000-0000-00000000000{i}" for i in range(3))
+
+    def share(memory: str) -> ClaimId:
+        result = Result("gpu", "gpu-3", share_id=next(share_ids), consumed={"memory": memory})
+        return made("mps", claims.make("mps", [result], [opaque(mps(30, "12Gi"))]))
+
+    small, large, unmetered = share("8Gi"), share("16Gi"), share("0")
+    answer = kubelet.prepare([small, large, unmetered])
+    assert [answer.claims[c.uid].error for c in (small, large, unmetered)] == ["", "", ""]
+    assert list(daemons(node)) == [shared_daemon_id(gpu3)]
+    views = [workload(node, c.uid) for c in (small, large, unmetered)]
+    assert all(v.get("mps") for v in views), views
+    assert len({v["serverPid"] for v in views}) == 1
+    assert [(v["activeThreadPercentage"], v["pinnedDeviceMemoryLimits"]) for v in views] == [
+        (30, {gpu3: "8192M"}),
+        (30, {gpu3: "12288M"}),
+        (30, {gpu3: "12288M"}),
+    ]
+    assert node.gpu_compute_mode(gpu3) == int(ComputeMode.EXCLUSIVE_PROCESS)
+    assert all(e.error == "" for e in kubelet.unprepare([small, large, unmetered]).claims.values())
+    assert daemons(node) == {} and node.gpu_compute_mode(gpu3) == int(ComputeMode.DEFAULT)
     kubelet.close()
 
 

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from dra_gpu.hardware.types import ComputeMode
+from dra_gpu.sharing.manager import shared_daemon_id
 from dra_gpu.sharing.mps import process_start_time
+from tests.plugin.claim_view import workload
 from tests.plugin.kubelet_client import ClaimId, KubeletClient
 from tests.plugin.plugin_harness import (
     V1B1,
@@ -50,11 +52,6 @@ def daemons(node: SimNode) -> dict[str, dict[str, Any]]:
     return found
 
 
-def sim_record(node: SimNode, pipe_dir: str) -> dict[str, Any]:
-    record: dict[str, Any] = node.mps_records()[pipe_dir]
-    return record
-
-
 def prepare(kubelet: KubeletClient, claim: ClaimId) -> None:
     answer = kubelet.prepare([claim])
     assert answer.claims[claim.uid].error == ""
@@ -81,7 +78,9 @@ def test_daemons_survive_a_sigkill_of_the_plugin_and_new_claims_prepare(
         prepare(kubelet, claim)
     kubelet.close()
     before = daemons(node)
-    assert len(before) == 4
+    gpu2 = node.sim_state().gpus[2].uuid
+    assert len(before) == 3  # the whole GPU's, the MIG device's, and gpu-2's one server for both shares
+    assert before[shared_daemon_id(gpu2)]["threadPercentage"] == 50  # its caps: the largest share
     specs_before = {p: Path(node.cdi_root, p).read_text() for p in node.cdi_files()}
     for record in before.values():
         assert process_start_time(record["pid"]) == record["startTime"]
@@ -98,6 +97,13 @@ def test_daemons_survive_a_sigkill_of_the_plugin_and_new_claims_prepare(
     name, uid = claims.make("team-c", [share("11111111-0000-0000-0000-00000000000c", "10", "4Gi")])
     late = ClaimId("team-c", uid, name)
     prepare(kubelet, late)
+    # every share's workload is served by gpu-2's server (the one from before the restart), with its share
+    views = [workload(node, claim.uid) for claim in (ids[2], ids[3], late)]
+    assert all(v.get("mps") for v in views), views
+    assert len({v["serverPid"] for v in views}) == 1
+    assert [v["activeThreadPercentage"] for v in views] == [30, 50, 10]
+    assert [v["pinnedDeviceMemoryLimits"][gpu2] for v in views] == ["20480M", "40960M", "4096M"]
+    assert daemons(node)[shared_daemon_id(gpu2)]["pid"] == before[shared_daemon_id(gpu2)]["pid"]
     for claim in [*ids, late]:
         assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
     kubelet.close()
@@ -119,12 +125,12 @@ def test_a_daemon_killed_by_hand_is_back_within_10s_with_the_same_limits(
     killed = time.monotonic()
     while True:
         now = daemons(node)[old["id"]]
-        revived = sim_record(node, old["pipeDir"])
-        if (  # running again with its identity, and its limits set (the last step of a restart)
+        # the daemon at the claim's pipe: the dead one's until the new one holds its limits and replaces it
+        revived = node.mps_records().get(old["pipeDir"]) or {}
+        if (  # running again with its identity, and put where the clients look (the last step of a restart)
             now["pid"] != old["pid"]
             and process_start_time(now["pid"]) == now["startTime"]
-            and revived["default_active_thread_percentage"] is not None
-            and revived["default_pinned_mem_limits"]  # limits go one command at a time: wait for the last
+            and revived.get("pid") == now["pid"]
         ):
             break
         assert time.monotonic() - killed < 10, "the daemon was not restarted within 10 s"
@@ -133,6 +139,9 @@ def test_a_daemon_killed_by_hand_is_back_within_10s_with_the_same_limits(
     assert revived["running"] and revived["pid"] == now["pid"]
     assert revived["default_active_thread_percentage"] == 30
     assert revived["default_pinned_mem_limits"] == {gpu2: "20480M"}
+    view = workload(node, uid)  # what the claim's workload gets from the revived daemon
+    assert view["mps"] and view["activeThreadPercentage"] == 30
+    assert view["pinnedDeviceMemoryLimits"] == {gpu2: "20480M"}
     assert kubelet.unprepare([claim]).claims[uid].error == ""
     kubelet.close()
 

@@ -13,6 +13,7 @@ import pytest
 
 from dra_gpu.cdi.spec_validation import validate_spec
 from dra_gpu.plugin.protos import pluginregistration_v1_pb2, pluginregistration_v1_pb2_grpc
+from tests.plugin.claim_view import claim_edits, mps_host_dir
 from tests.plugin.kubelet_client import ClaimId, KubeletClient, devices_of
 from tests.plugin.plugin_harness import (
     ClaimFactory,
@@ -388,6 +389,13 @@ def test_share_id_is_echoed_in_v1_only(
             assert device.HasField("share_id") and device.share_id == share_id
         else:
             assert "share_id" not in type(device).DESCRIPTOR.fields_by_name
+    # both are clients of gpu-2's one MPS server, each with its own share as client limits
+    assert mps_host_dir(node, first.uid) == mps_host_dir(node, second.uid)
+    for claim, percent, mib in ((first, 20, 4096), (second, 30, 8192)):
+        env = dict(e.split("=", 1) for e in claim_edits(node, claim.uid).env)
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps/pipe"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(percent)
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={mib}M"
     assert kubelet.unprepare([first, second]).claims[first.uid].error == ""
     assert node.checkpoint()["claims"] == {}
     kubelet.close()

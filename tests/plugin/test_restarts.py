@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from dra_gpu.hardware.types import ComputeMode
+from tests.plugin.claim_view import workload
 from tests.plugin.kubelet_client import ClaimId, KubeletClient, devices_of
 from tests.plugin.plugin_harness import (
     V1B1,
@@ -24,6 +25,7 @@ from tests.plugin.plugin_harness import (
     SimNode,
     opaque,
 )
+from tests.support.mps_view import RecordsByPipeDir
 
 pytestmark = pytest.mark.apiserver
 
@@ -45,8 +47,10 @@ def mps(thread_percentage: int = 40, pinned: str = "2Gi") -> dict[str, Any]:
 
 
 def hardware_state(node: SimNode) -> dict[str, Any]:
-    """What `dra-gpu hardware state -o json` reports: the same view an operator gets."""
+    """What `dra-gpu hardware state -o json` reports: the same view an operator gets (its MPS records, keyed
+    by pipe-directory identity, also found by a host path of the pipe directory)."""
     state: dict[str, Any] = json.loads(node.hardware_cli("state", "-o", "json"))
+    state["mps"] = RecordsByPipeDir(state["mps"])
     return state
 
 
@@ -89,17 +93,23 @@ def test_mps_daemon_killed_with_the_plugin_is_revived_on_restart(
     wait_gone(daemon["pid"])
 
     start_plugin()  # start-up runs before the sockets appear: the daemon is back once it answers
-    after = hardware_state(node)["mps"][daemon["pipeDir"]]  # the same pipe directory: containers keep it
+    after = hardware_state(node)["mps"][daemon["pipeDir"]]  # the same pipe path: containers keep their mount
     assert after["running"] is True and after["pid"] != daemon["pid"] and pid_alive(after["pid"])
+    assert after["key"] != before["key"]  # a fresh directory, put in place once the daemon held its limits
     assert after["visible_devices"] == [gpu0]
     assert after["default_active_thread_percentage"] == 40
     assert after["default_pinned_mem_limits"] == {gpu0: "2048M"}
-    assert [c["command"] for c in after["commands"]][-2:] == [  # sent to the new daemon
+    commands = [c["command"] for c in after["commands"]]
+    assert commands[:3] == [  # sent to the new daemon before it took the pipe's place
+        "get_server_list",
         "set_default_active_thread_percentage 40",
         f"set_default_device_pinned_mem_limit {gpu0} 2048M",
-    ]
+    ], commands
     assert (Path(daemon["pipeDir"]) / "control").is_socket()
     assert node.gpu_compute_mode(gpu0) == int(ComputeMode.EXCLUSIVE_PROCESS)
+    view = workload(node, uid)  # the claim's workload, through the spec written before the restart
+    assert view["mps"] and view["gpus"] == [gpu0] and view["activeThreadPercentage"] == 40
+    assert view["pinnedDeviceMemoryLimits"] == {gpu0: "2048M"}
 
     kubelet = KubeletClient(node.registration_socket)
     again = kubelet.prepare([claim])  # the kubelet repeats Prepare after a restart: answer and spec unchanged
@@ -109,7 +119,7 @@ def test_mps_daemon_killed_with_the_plugin_is_revived_on_restart(
     assert kubelet.unprepare([claim]).claims[uid].error == ""
     kubelet.close()
     wait_gone(after["pid"])
-    final = hardware_state(node)["mps"][daemon["pipeDir"]]
+    final = hardware_state(node)["mps"][after["key"]]  # its directory is gone: found by its identity
     assert final["running"] is False
     assert not Path(daemon["dir"]).exists()
     assert node.gpu_compute_mode(gpu0) == int(ComputeMode.DEFAULT)
