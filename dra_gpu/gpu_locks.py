@@ -7,11 +7,13 @@ other in a circle. Node-wide work (start-up cleanup, reading which MIG instances
 hardware is discovered) takes `node()`, which waits until every GPU section has ended and holds new ones back
 meanwhile, so it is never starved.
 
-A GPU is held exclusively by default. Work that changes nothing GPU-wide (a fractional share's own MPS daemon:
-no compute mode, no time slice, no MIG change) holds it shared (`gpus(..., shared=...)`): shares of one GPU
-are prepared side by side, while anything that changes the GPU waits for them and they for it. A waiting
-exclusive holder keeps new shared ones back, so it is never starved. Two calls for one claim take turns on the
-claim's own lock (`claim(uid)`), taken before its GPUs.
+A GPU is held exclusively, fractional shares included: the shares of one GPU are clients of its one MPS
+server, and each join or leave changes that server's clients and caps (sharing.plan.gpu_lock_keys). Work
+that changes nothing GPU-wide may hold a GPU shared (`gpus(..., shared=...)`), beside other shared holders,
+while anything that changes the GPU waits for them and they for it; today that is only the undo of a share
+that an earlier version gave an MPS daemon of its own. A waiting exclusive holder keeps new shared ones back,
+so it is never starved. Two calls for one claim take turns on the claim's own lock (`claim(uid)`), taken
+before its GPUs.
 
 Both levels are re-entrant within a thread, and the outermost section decides the mode: the prepare service
 holds a claim's GPUs and the sharing manager takes the same ones again; a thread inside `node()` may enter any
@@ -196,10 +198,10 @@ class GpuLocks:
 
     @contextlib.contextmanager
     def claim(self, uid: str) -> Iterator[None]:
-        """One operation on a claim at a time in this process (re-entrant). Taken before its GPUs: shares of
-        one GPU hold it side by side, so two calls for the same claim (a kubelet retry beside the first
-        attempt, a stale-claim cleanup) need this to take turns. Another plugin process is kept out by the
-        GPU's lock file. Raises GpuLockTimeoutError."""
+        """One operation on a claim at a time in this process (re-entrant). Taken before its GPUs: a GPU
+        held shared does not keep two calls for the same claim (a kubelet retry beside the first attempt, a
+        stale-claim cleanup) apart, so they take turns here. Another plugin process is kept out by the GPU's
+        lock file. Raises GpuLockTimeoutError."""
         with self._cond:
             entry = self._claim_locks.setdefault(uid, [threading.RLock(), 0])
             entry[1] += 1

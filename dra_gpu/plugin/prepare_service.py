@@ -137,7 +137,7 @@ def _shared_device_configs(
 ) -> list[Mapping[str, Any] | None]:
     """Per allocation: on a device several claims may share (NVIDIA's consumable shares), what its config asks
     of it (`config_settings`); None on other devices. Our `gpu-<minor>-shared` devices are left out: each
-    share there has its own MPS daemon and settings."""
+    share there has its own limits (its client env on the GPU's shares server)."""
     configs: list[Mapping[str, Any] | None] = [None] * len(allocations)
     for config, indices in groups:
         settings: Mapping[str, Any] = {}  # no config: what the default config asks (config_settings)
@@ -308,7 +308,7 @@ class PrepareService:
     @contextlib.contextmanager
     def _gpus_locked(self, ref: ClaimRef, keys: Iterable[str], shared: Iterable[str] = ()) -> Iterator[None]:
         """The locks of the GPUs a claim touches, for the whole prepare or unprepare of it: `keys` alone,
-        `shared` side by side with other fractional shares of them (see GpuLocks)."""
+        `shared` beside other shared holders (see GpuLocks)."""
         with contextlib.ExitStack() as stack:
             started = time.perf_counter()
             try:
@@ -325,7 +325,7 @@ class PrepareService:
         by_name = self.device_model().by_name()
         exclusive, shared = gpu_lock_keys(by_name[d.device] for d in entry.devices if d.device in by_name)
         exclusive |= {d.device for d in entry.devices if d.device not in by_name}
-        # A share prepared before shares had their own daemons joined a per-GPU one: undoing it changes that.
+        # A client of a GPU's shares server changes that server's clients and caps when it leaves: alone.
         if any(g.state.get("sharedMps") and not g.state["sharedMps"].get("ownDaemon") for g in entry.groups):
             return exclusive | shared, set()
         return exclusive, shared
@@ -433,7 +433,7 @@ class PrepareService:
         allocations, raw_configs = self._our_allocations(ref, claim)
         groups = self._resolve(ref, allocations, raw_configs)
         configs = _shared_device_configs(allocations, groups)
-        # Fractional shares of one GPU are prepared side by side (gpu_lock_keys).
+        # Fractional shares of one GPU are prepared one at a time (gpu_lock_keys: each joins its server).
         keys, shared = gpu_lock_keys(a.device for a in allocations)
         if left is not None:  # the same UID has the same allocation, but a leftover's devices count too
             left_keys, left_shared = self._gpu_keys(left)

@@ -70,8 +70,9 @@ class SharingManager(Protocol):
     ) -> GroupResult:
         """Apply `config` (a decoded GpuConfig/MigDeviceConfig, or None for defaults) to the devices.
 
-        Creates dynamic MIG devices, sets time-slicing, starts MPS. On failure rolls back what it did and
-        raises SharingError.
+        Creates dynamic MIG devices, sets time-slicing, starts the group's MPS daemon or joins its GPU's
+        shares server (a fractional share: its limits go into the returned env). On failure rolls back what
+        it did and raises SharingError.
         """
         ...
 
@@ -91,7 +92,8 @@ class SharingManager(Protocol):
         ...
 
     def stop_unowned_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> list[str]:
-        """At start-up: stop MPS daemons that no checkpointed group state (nor a shared GPU) owns.
+        """At start-up: stop MPS daemons that no checkpointed group state (nor a GPU's shares) owns; drop
+        shares-server clients that no checkpointed state owns and stop a shares server left without clients.
 
         Returns the ids of the daemons stopped."""
         ...

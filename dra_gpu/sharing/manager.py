@@ -520,16 +520,17 @@ class HardwareSharingManager:
         return self.reconcile_mps(owned_states).restarted
 
     def reconcile_mps(self, owned_states: Iterable[Mapping[str, Any]]) -> MpsReconcileReport:
-        """One pass of the continuous check: every prepared group's daemon (and the legacy per-GPU shared
-        daemons) must run with its recorded identity and answer; a dead one is restarted with the same pipe
-        directory, limits and compute modes. Compute modes left to restore on a GPU that was gone are put back
-        once it answers again."""
+        """One pass of the continuous check: every prepared group's daemon and every GPU's shares server must
+        run with its recorded identity and answer; a dead one is restarted with the same pipe directory,
+        limits and compute modes, a running one held to its limits (MpsDaemons.ensure_limits), and a shares
+        server's caps fitted to the clients the registry holds. Compute modes left to restore on a GPU that
+        was gone are put back once it answers again."""
         report = MpsReconcileReport()
         for state in owned_states:
             if state.get("mpsDaemon"):
                 # Only this daemon's GPUs wait: a restart that takes its ready timeout holds back no other.
-                # Exclusive, also for a share's own daemon: its claim's unprepare (which holds the GPU shared)
-                # must not find its daemon restarted behind its back.
+                # Exclusive, also for a share that an earlier version gave a daemon of its own: its claim's
+                # unprepare (which holds the GPU shared) must not find its daemon restarted behind its back.
                 with self._locks.gpus(self._gpus_of(state["mpsDaemon"])):
                     self._reconcile_one(self._mps.latest(state["mpsDaemon"]), report)
         for gpu_uuid in sorted(self._registry.read()["sharedMps"]):
@@ -640,8 +641,9 @@ def plan_for(
 
 
 def _changes_nothing_gpu_wide(state: Mapping[str, Any]) -> bool:
-    """A prepared group whose undo touches nothing other claims of its GPU rely on: a fractional share with
-    its own MPS daemon, which left the compute mode alone. Its undo holds the GPU shared (see GpuLocks)."""
+    """A prepared group whose undo touches nothing other claims of its GPU rely on: a fractional share that an
+    earlier version gave an MPS daemon of its own (`ownDaemon`), which left the compute mode alone. Its undo
+    holds the GPU shared (see GpuLocks); a client of a GPU's shares server holds it alone."""
     shared = state.get("sharedMps")
     daemon = state.get("mpsDaemon") or {}
     return bool(

@@ -1,14 +1,14 @@
 """The sharing manager's small on-disk registry: who holds which GPU-global setting, across plugin restarts.
 
 Per-claim undo information lives in each group's checkpointed `state`; what is shared *between* claims lives
-here: time-slice holders per GPU, the per-GPU MPS daemons of fractional shares and their clients, the MIG
-instances this driver created (so start-up cleanup never touches instances an administrator made) and the GPUs
-whose MIG mode we switched on. The file is `<plugin dir>/sharing-registry.json`, replaced atomically under an
-fcntl lock. It records the boot id: after a reboot the settings that do not survive one (time-slices, MPS
-daemons, MIG instances, compute modes) are gone, so their records start empty instead of holding references
-for claims that no longer exist. MIG mode does survive a reboot (it is kept by the GPU; on Ampere a change is
-pending until the next reset, which a reboot is), so `migModeEnabled` is carried over: the driver still
-switches off the MIG mode it switched on.
+here: time-slice holders per GPU, each GPU's MPS shares server (the one daemon whose clients are the GPU's
+fractional shares) with its clients and their shares, the MIG instances this driver created (so start-up
+cleanup never touches instances an administrator made) and the GPUs whose MIG mode we switched on. The file is
+`<plugin dir>/sharing-registry.json`, replaced atomically under an fcntl lock. It records the boot id: after a
+reboot the settings that do not survive one (time-slices, MPS daemons, MIG instances, compute modes) are gone,
+so their records start empty instead of holding references for claims that no longer exist. MIG mode does
+survive a reboot (it is kept by the GPU; on Ampere a change is pending until the next reset, which a reboot
+is), so `migModeEnabled` is carried over: the driver still switches off the MIG mode it switched on.
 
 A registry file that exists but cannot be read or parsed is never replaced by a fresh one: guessing "empty"
 would forget which MIG instances and settings are ours. `RegistryUnreadableError` is raised (the prepare or
@@ -55,7 +55,9 @@ def empty_registry(boot_id: str) -> dict[str, Any]:
         "format": FORMAT,
         "bootId": boot_id,
         "timeSlice": {},  # gpu uuid -> {"interval": int, "claims": [claim uid, ...]}
-        "sharedMps": {},  # gpu uuid -> {"daemon": daemon record, "clients": {"<claim>/<device>": {...}}}
+        # gpu uuid -> {"daemon": the shares server's record,
+        #              "clients": {"<claim>/<device>/<shareID>": {"computePercent": N, "memoryBytes": N}}}
+        "sharedMps": {},
         "createdMig": [],  # [parent uuid, gi id, ci id, MIG uuid] of instances this driver created
         "migModeEnabled": [],  # gpu uuids whose MIG mode we switched on (switched off again when empty)
         "pendingComputeModes": {},  # gpu uuid -> mode to restore once the GPU (gone at unprepare) is back

@@ -10,8 +10,10 @@
 set -euo pipefail
 RELEASE=bookworm
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-# python3-venv: the Dockerfile's build stage runs `python -m venv` (ensurepip); python-is-python3: `python`.
-INCLUDE=python3,python3-venv,python-is-python3
+# python3-venv: the Dockerfile's build stage runs `python -m venv` (ensurepip); python-is-python3: `python`;
+# mount: the plugin binds an MPS daemon's pipe directory at /tmp/nvidia-mps in a private mount namespace
+# (`unshare -m` from util-linux, which minbase has, then `mount --bind`; dra_gpu/sharing/mps_namespace.py).
+INCLUDE=python3,python3-venv,python-is-python3,mount
 BASE_REF="${BASE_REF:-localhost/dra-gpu-base:$RELEASE-python3}"
 CACHE="${DRA_GPU_CACHE:-$HOME/.cache/dra-gpu}/images/base"
 TARBALL="$CACHE/debian-$RELEASE-python3.tar"
