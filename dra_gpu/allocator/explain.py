@@ -19,6 +19,7 @@ from dra_gpu.allocator.model import AllocatedDevice, ClaimSpec, DeviceRequestSpe
 from dra_gpu.allocator.node_equivalence import RenamedRejections, carry_over, equivalence_key
 from dra_gpu.allocator.pools import Node, SliceIndex
 from dra_gpu.allocator.search import DEFAULT_STEP_LIMIT, Existing, NodeAllocator, NodeResult
+from dra_gpu.config.quantity import format_quantity
 
 
 class RejectionRuns(Sequence[Rejection]):
@@ -383,3 +384,24 @@ def _mentions_mps(value: Any) -> bool:
     if isinstance(value, list):
         return any(_mentions_mps(v) for v in value)
     return False
+
+
+def result_json(result: AllocatedDevice) -> dict[str, Any]:
+    """One allocation result as the scheduler writes it in `status.allocation.devices.results[]`."""
+    out: dict[str, Any] = {
+        "request": result.request,
+        "driver": result.driver,
+        "pool": result.pool,
+        "device": result.device,
+    }
+    if result.admin_access:
+        out["adminAccess"] = True
+    if result.tolerations:
+        out["tolerations"] = result.tolerations
+    if result.share_id:
+        out["shareID"] = result.share_id
+    if result.consumed_capacity is not None:
+        out["consumedCapacity"] = {
+            k: format_quantity(v, binary_si=True) for k, v in result.consumed_capacity.items()
+        }
+    return out

@@ -26,6 +26,7 @@ from dra_gpu.allocator.explain import (
     explain,
     isolation_notes,
     reason_groups,
+    result_json,
 )
 from dra_gpu.allocator.extended_resources import extended_resource_claim
 from dra_gpu.allocator.model import ClaimSpec, InputError, Rejection
@@ -457,7 +458,7 @@ def _to_json(
                 else {
                     "nodeName": e.node,
                     "devices": {
-                        "results": [_result_json(r) for r in e.results],
+                        "results": [result_json(r) for r in e.results],
                         "config": e.configs,
                     },
                 },
@@ -484,24 +485,6 @@ def _request_json(request: RequestExplanation) -> dict[str, Any]:
             }
             for s in request.subrequests
         ]
-    return out
-
-
-def _result_json(result: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "request": result.request,
-        "driver": result.driver,
-        "pool": result.pool,
-        "device": result.device,
-    }
-    if result.admin_access:
-        out["adminAccess"] = True
-    if result.tolerations:
-        out["tolerations"] = result.tolerations
-    if result.share_id:
-        out["shareID"] = result.share_id
-    if result.consumed_capacity is not None:
-        out["consumedCapacity"] = {k: _quantity_text(v) for k, v in result.consumed_capacity.items()}
     return out
 
 

@@ -21,10 +21,9 @@ from typing import Any
 
 from dra_gpu.allocator.builtin_classes import builtin_device_classes
 from dra_gpu.allocator.claims import claim_from_object, parse_device_class
-from dra_gpu.allocator.explain import explain
+from dra_gpu.allocator.explain import explain, result_json
 from dra_gpu.allocator.pools import Node, SliceIndex
 from dra_gpu.allocator.search import Existing
-from dra_gpu.config.quantity import format_quantity
 
 CLAIM_PATH = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/?]+)$")
 
@@ -52,22 +51,6 @@ class AllocationError(Exception):
     pass
 
 
-def _result_json(result: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "request": result.request,
-        "driver": result.driver,
-        "pool": result.pool,
-        "device": result.device,
-    }
-    if result.share_id:
-        out["shareID"] = result.share_id
-    if result.consumed_capacity is not None:
-        out["consumedCapacity"] = {
-            k: format_quantity(v, binary_si=True) for k, v in result.consumed_capacity.items()
-        }
-    return out
-
-
 def allocate(
     claim: dict[str, Any], slices: Sequence[Mapping[str, Any]], node: str, held: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any]:
@@ -83,7 +66,7 @@ def allocate(
     claim["status"] = {
         "allocation": {
             "devices": {
-                "results": [_result_json(r) for r in explanation.results],
+                "results": [result_json(r) for r in explanation.results],
                 "config": explanation.configs,
             },
             "nodeSelector": {

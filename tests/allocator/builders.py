@@ -161,7 +161,7 @@ def allocate_in_turn(
     """The claims of `replicas` pods made from one claim template (`spec`), allocated one after another as
     kube-scheduler does, each seeing the allocations before it: (the allocated claims as the API server would
     hold them, with shareID and consumedCapacity, and the reasons of the claims that did not fit)."""
-    from dra_gpu.cli.explain import _result_json
+    from dra_gpu.allocator.explain import result_json
 
     class_specs = {c.name: c for c in (parse_device_class(o) for o in builtin_device_classes())}
     index = SliceIndex(slices)
@@ -185,6 +185,6 @@ def allocate_in_turn(
         if not explanation.allocatable:
             pending.append(str(explanation.reason))
             continue
-        results = [_result_json(r) for r in explanation.results]
+        results = [result_json(r) for r in explanation.results]
         allocated.append(obj | {"status": {"allocation": {"devices": {"results": results}}}})
     return allocated, pending
