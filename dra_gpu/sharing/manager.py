@@ -30,6 +30,7 @@ using, and changing its sharing setting would change that claim's behaviour.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,6 +53,7 @@ from dra_gpu.sharing.mps_pods import PodLauncher
 from dra_gpu.sharing.plan import MpsPlan, SharePlan, SharingPlan, build_plan, gpu_lock_keys
 from dra_gpu.sharing.registry import Registry
 from dra_gpu.sharing.time_slicing import TimeSlicing
+from dra_gpu.sharing.tmpfs import unmount
 
 log = structlog.get_logger(__name__)
 
@@ -331,7 +333,11 @@ class HardwareSharingManager:
                 pending.pop(share.gpu_uuid, None)
                 entry = {"daemon": record, "clients": {}}
                 data["sharedMps"][share.gpu_uuid] = entry
-            entry["clients"].update(dict.fromkeys(clients, mine))
+            # the claim's own /dev/shm: tenants of one server share nothing through it (mounted before the
+            # registry names it: a crash in between leaves a directory that start-up's sweep removes)
+            shm = self._claim_shm_dir(entry["daemon"], claim_uid)
+            self._mps.mount_shm(shm)
+            entry["clients"].update({key: {**mine, "shmDir": str(shm)} for key in clients})
             self._faults("shares-client-added")
             record = entry["daemon"]
             thread, memory = share_caps(entry["clients"], gpu_memory or share.memory_bytes)
@@ -341,8 +347,35 @@ class HardwareSharingManager:
             ):
                 self._mps.set_limits(record, thread, {share.gpu_uuid: memory})
         return client_edits(
-            record, thread_percentage=share.compute_percent, pinned_mib=share.memory_bytes // MIB
+            record,
+            thread_percentage=share.compute_percent,
+            pinned_mib=share.memory_bytes // MIB,
+            shm_dir=str(shm),
         )
+
+    @staticmethod
+    def _claim_shm_dir(record: Mapping[str, Any], claim_uid: str) -> Path:
+        return Path(record["dir"]) / "claims" / claim_uid / "shm"
+
+    def _sweep_claim_shm(self, entry: Mapping[str, Any]) -> list[str]:
+        """Unmount and remove the /dev/shm of every claim that is no client of the shares server any more."""
+        claims_dir = Path(entry["daemon"]["dir"]) / "claims"
+        if not claims_dir.is_dir():
+            return []
+        keep = {key.split("/", 1)[0] for key in entry["clients"]}
+        problems: list[str] = []
+        for claim in sorted(claims_dir.iterdir()):
+            if claim.name in keep:
+                continue
+            shm = claim / "shm"
+            if shm.is_mount():
+                try:
+                    unmount(shm)
+                except OSError as err:
+                    problems.append(f"cannot unmount {shm}: {err.strerror}")
+                    continue
+            shutil.rmtree(claim, ignore_errors=True)
+        return problems
 
     # ---- unprepare -----------------------------------------------------------------------------------------
 
@@ -396,8 +429,11 @@ class HardwareSharingManager:
             for key in client_keys:
                 entry["clients"].pop(key, None)
             self._faults("shares-client-removed")
+            problems = self._sweep_claim_shm(entry)
             if entry["clients"]:
-                return self._fit_caps(gpu_uuid, entry)
+                return problems + self._fit_caps(gpu_uuid, entry)
+            if problems:
+                return problems
             problems = self._mps.stop(entry["daemon"], on_gpu_gone=self._restore_later)
             if not problems:
                 del data["sharedMps"][gpu_uuid]
@@ -501,6 +537,9 @@ class HardwareSharingManager:
                     del entry["clients"][key]
                 if unowned:
                     log.info("dropped share clients no claim owns", gpu=gpu_uuid, clients=unowned)
+                swept = self._sweep_claim_shm(entry)
+                if swept:
+                    log.error("cannot remove a departed share's /dev/shm", gpu=gpu_uuid, problems=swept)
                 if entry["clients"]:
                     if unowned:
                         self._fit_caps(gpu_uuid, entry)

@@ -171,13 +171,18 @@ def _memory_mib(text: str) -> float | None:
 
 
 def client_edits(
-    record: Mapping[str, Any], *, thread_percentage: int | None = None, pinned_mib: int | None = None
+    record: Mapping[str, Any],
+    *,
+    thread_percentage: int | None = None,
+    pinned_mib: int | None = None,
+    shm_dir: str | None = None,
 ) -> CdiEdits:
     """What a container needs to be an MPS client of the daemon in `record`: the pipe directory and the shared
     memory; for a share of a GPU's common server, its own limits too (`thread_percentage`, `pinned_mib`):
     the server's caps are the largest share's, and a client's env lowers them to its own (MPS docs: a client
     setting only further constrains the daemon's). The container sees one GPU, so the memory limit names
-    device 0."""
+    device 0. `shm_dir`: the claim's own /dev/shm where the daemon serves several claims (a client and its
+    server need not share /dev/shm: seen on an H100, e2e/real_gpu mps_shm_check.py), else the daemon's."""
     if record.get("layout") == LAYOUT:
         env = [f"CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"]
         pipe_mount = CdiMount(record["clientsDir"], CONTAINER_MPS_DIR)
@@ -188,7 +193,8 @@ def client_edits(
         env.append(f"{THREAD_ENV}={thread_percentage}")
     if pinned_mib is not None:
         env.append(f"{PINNED_ENV}=0={pinned_mib}M")
-    return CdiEdits(env=tuple(env), mounts=(pipe_mount, CdiMount(record["shmDir"], CONTAINER_SHM_DIR)))
+    shm = CdiMount(shm_dir or record["shmDir"], CONTAINER_SHM_DIR)
+    return CdiEdits(env=tuple(env), mounts=(pipe_mount, shm))
 
 
 class MpsDaemons:
@@ -424,6 +430,12 @@ class MpsDaemons:
             if not same:
                 off.add(pid)
         return sorted(off)
+
+    def mount_shm(self, path: Path) -> bool:
+        """A size-limited tmpfs for a /dev/shm at `path` (made if missing); False when it cannot be mounted
+        (the directory is used as it is)."""
+        path.mkdir(parents=True, exist_ok=True)
+        return path.is_mount() or self._mount_tmpfs(path)
 
     def _mount_tmpfs(self, path: Path) -> bool:
         if not self._mount_shm:
@@ -711,12 +723,13 @@ class MpsDaemons:
             if same_process(pid, start_time):
                 problems.append(f"MPS daemon {record['id']} (pid {pid}) does not exit")
         self._faults("mps-quit-sent")
-        shm = Path(record["shmDir"])
-        if _is_mount_point(shm):
-            try:
-                unmount(shm)
-            except OSError as err:
-                problems.append(f"cannot unmount {shm}: {err.strerror}")
+        # the daemon's /dev/shm, and those of a shares server's claims that are still there (a crash)
+        for shm in [Path(record["shmDir"]), *sorted(Path(record["dir"]).glob("claims/*/shm"))]:
+            if _is_mount_point(shm):
+                try:
+                    unmount(shm)
+                except OSError as err:
+                    problems.append(f"cannot unmount {shm}: {err.strerror}")
         self._faults("mps-shm-unmounted")
         for uuid, mode in sorted(latest.get("computeModes", {}).items()):
             try:

@@ -62,6 +62,10 @@ def test_shares_of_a_gpu_are_clients_of_one_server_each_held_to_its_own_share(no
     assert entry["daemon"]["pinnedLimits"] == {uuid: "20480M"}
     assert node.gpu_state(uuid).compute_mode == int(ComputeMode.EXCLUSIVE_PROCESS)
 
+    # one server, but nothing shared between the tenants through /dev/shm: each claim has its own tmpfs
+    shms = [next(m.host_path for m in r.edits.mounts if m.container_path == "/dev/shm") for r in results]
+    assert len(set(shms)) == 5 and all(os.path.ismount(p) for p in shms), shms
+
     views = [sim_client(r.edits, node.root, uid=NONROOT) for r in results]
     assert all(v.get("mps") for v in views), views
     assert len({v["serverPid"] for v in views}) == 1  # every share reached the same server
