@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,7 @@ import pytest
 from e2e.image.build_local_image import DEFAULT_REFERENCE, BuildResult, build_for_cluster, import_into_cluster
 from e2e.image.real_image import config_digest
 from e2e.lib.chart import CHART_DIR, find_helm
-from e2e.lib.claims import pod_claim_names
-from e2e.lib.container_client import client_in_container
+from e2e.lib.container_client import client_in_container, container_ids
 from e2e.lib.kubectl import Kubectl, KubectlError
 from e2e.lib.settings import DRIVER_NAME, E2ESettings
 from e2e.lib.waiting import wait_until
@@ -376,7 +375,7 @@ def test_gpu_pod_runs_with_device_nodes(release: Release, namespace: str) -> Non
 
 
 MPS_DAEMON_SELECTOR = "app.kubernetes.io/name=dra-gpu-mps-daemon"
-MPS_DAEMON_LABEL = "gpu.nvidia.com/mps-daemon"  # the daemon id: <claim uid>-<hash>
+MPS_DAEMON_LABEL = "gpu.nvidia.com/mps-daemon"  # the daemon id: <claim uid>-<hash>, or shares-<gpu uuid>
 CLAIMS = "resourceclaims.resource.k8s.io"
 
 
@@ -518,8 +517,8 @@ def _served(release: Release, namespace: str, name: str) -> tuple[Any, ...]:
 
 def _prepare_every_mps_claim_kind(release: Release, namespace: str, other: str) -> MpsClaims:
     """Whole-GPU MPS, MIG + MPS and a fractional share in `namespace`, another share in `other`: four claims,
-    four daemon pods (pinned to the node, not owned by the plugin). The tenants have their own /dev/shm and
-    only CUDA_MPS_PIPE_DIRECTORY in their env."""
+    a daemon pod for each whole-GPU and MIG claim and one per GPU that serves shares (pinned to the node, not
+    owned by the plugin). The tenants have their own /dev/shm and their share as client limits in env."""
     kubectl = release.kubectl
     manifest = (
         _mps_manifest("whole", namespace, "gpu.nvidia.com", "GpuConfig")
@@ -536,11 +535,15 @@ def _prepare_every_mps_claim_kind(release: Release, namespace: str, other: str) 
     for ns, name in pods:
         _running(release, ns, name)
 
+    served = {(ns, name): _served(release, ns, name) for ns, name in pods}
+    # the shares of one GPU are clients of one server: one daemon pod per GPU the tenants landed on
+    expected = 2 + len({served[ns, name][0] for ns, name in pods[2:]})
+
     def daemons_ready() -> list[dict[str, Any]] | None:
         found = _pods(kubectl, MPS_DAEMON_SELECTOR)
-        return found if len(found) == 4 and all(_ready(p) for p in found) else None
+        return found if len(found) == expected and all(_ready(p) for p in found) else None
 
-    daemons = wait_until(daemons_ready, timeout_s=120, what="four MPS daemon pods Ready")
+    daemons = wait_until(daemons_ready, timeout_s=120, what=f"{expected} MPS daemon pods Ready")
     assert all(p["spec"]["nodeName"] == release.node for p in daemons)
     assert all(not p["metadata"].get("ownerReferences") for p in daemons)
     views = {(ns, name): _workload_view(release, ns, name) for ns, name in pods}
@@ -550,7 +553,6 @@ def _prepare_every_mps_claim_kind(release: Release, namespace: str, other: str) 
         threads, pinned = MPS_LIMITS[name]
         assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}" in views[ns, name], views[ns, name]
         assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={pinned}" in views[ns, name], views[ns, name]
-    served = {(ns, name): _served(release, ns, name) for ns, name in pods}
     for (_, name), (_gpus, threads, pinned) in served.items():
         assert (threads, [v for _, v in pinned]) == (MPS_LIMITS[name][0], [MPS_LIMITS[name][1]]), served
     # no shared /dev/shm: what one tenant writes there the other does not see
@@ -655,31 +657,32 @@ def _tenant_manifest(name: str, namespace: str, compute: str, memory: str, env: 
     return docs
 
 
-def _tenant_limits(release: Release, namespace: str, name: str) -> Any:
+def _tenant_limits(release: Release, namespace: str, name: str, env: Mapping[str, str] | None = None) -> Any:
     """What a CUDA process in the tenant's container gets from its MPS daemon (the simulated MPS client reads
-    the container's env, as libcuda does)."""
-    out = release.kubectl.exec(namespace, name, ["python3", "-m", "dra_gpu.hardware.sim_tools.mps_client"])
+    the container's env, as libcuda does); `env`: what the process sets for itself on top."""
+    own = [f"{k}={v}" for k, v in (env or {}).items()]
+    argv = ["env", *own, "python3", "-m", "dra_gpu.hardware.sim_tools.mps_client"]
+    out = release.kubectl.exec(namespace, name, argv)
     return json.loads(out)
 
 
-def _daemon_host_pid(pipe_dir: str) -> int:
-    """The host pid of the MPS control daemon serving `pipe_dir` (in its pod)."""
+def _daemon_host_pid(pod: Mapping[str, Any]) -> int:
+    """The host pid of the MPS control daemon in its pod: the process of the pod's container (its cgroup names
+    the container) that runs the control binary in the foreground. Every daemon sees its pipe at
+    /tmp/nvidia-mps, so the pipe does not tell them apart."""
+    (container_id,) = container_ids(pod).values()
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            argv = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes().split(b"\0")
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            cgroup = (proc / "cgroup").read_text()
         except OSError:
             continue
-        if (
-            b"mps_control" in argv
-            and b"-f" in argv.split(b"\0")
-            and (f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in environ)
-        ):
+        if container_id in cgroup and b"-f" in argv and any(b"mps_control" in a for a in argv):
             found.append(int(proc.name))
-    assert len(found) == 1, f"expected one MPS control daemon for {pipe_dir}, found {found}"
+    assert len(found) == 1, f"expected one MPS control daemon in {pod['metadata']['name']}, found {found}"
     return found[0]
 
 
@@ -687,9 +690,12 @@ def test_tenants_cannot_raise_their_share_and_a_killed_daemon_is_back_within_10s
     release: Release, namespace: str
 ) -> None:
     """Two fractional tenants of one node. Tenant a sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 and a pinned
-    limit of 80G in its pod spec and still gets its 30 % / 10Gi; tenant b lowers its own to 10 % and gets
-    that. Tenant a's daemon is SIGKILLed: the kubelet restarts it in its pod (same UID) and within 10 s a's
-    processes get the same share again; b's daemon is untouched."""
+    limit of 80G in its pod spec and still gets its 30 % / 10Gi (the driver's client limits in the
+    container's env are its share, and the server's caps are the largest share on the GPU); tenant b's pod
+    spec asks for 10 % and b still gets its share (the pod spec cannot override the driver's), while a
+    process of b that lowers its own env gets 10 %. The daemon serving tenant a is SIGKILLed: the kubelet
+    restarts it in its pod (same UID), the plugin puts it back in place once it holds its limits, and within
+    10 s a's processes get the same share again."""
     kubectl = release.kubectl
     raise_env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}
     manifest = _tenant_manifest("tenant-a", namespace, "30", "10Gi", raise_env) + _tenant_manifest(
@@ -702,21 +708,23 @@ def test_tenants_cannot_raise_their_share_and_a_killed_daemon_is_back_within_10s
         a, b = _tenant_limits(release, namespace, "tenant-a"), _tenant_limits(release, namespace, "tenant-b")
         assert a["activeThreadPercentage"] == 30, a
         assert list(a["pinnedDeviceMemoryLimits"].values()) == ["10240M"], a
-        assert b["activeThreadPercentage"] == 10, b
+        assert b["activeThreadPercentage"] == 20, b
         assert list(b["pinnedDeviceMemoryLimits"].values()) == ["8192M"], b
+        lowered = _tenant_limits(
+            release, namespace, "tenant-b", env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10"}
+        )
+        assert lowered["activeThreadPercentage"] == 10, lowered
+        expected = len({a["gpus"][0], b["gpus"][0]})  # one daemon per GPU the tenants landed on
 
         def daemons_ready() -> list[dict[str, Any]] | None:
             pods = _pods(kubectl, MPS_DAEMON_SELECTOR)
-            return pods if len(pods) == 2 and all(_ready(p) for p in pods) else None
+            return pods if len(pods) == expected and all(_ready(p) for p in pods) else None
 
-        before = {p["metadata"]["uid"]: p for p in wait_until(daemons_ready, timeout_s=120, what="2 daemons")}
-        # tenant a's daemon: its id (and label) starts with the UID of a's claim
-        a_claim = pod_claim_names(kubectl.get_json("pod", "tenant-a", namespace=namespace))["share"]
-        claim_uid = kubectl.get_json(CLAIMS, a_claim, namespace=namespace)["metadata"]["uid"]
+        before = {p["metadata"]["uid"]: p for p in wait_until(daemons_ready, timeout_s=120, what="daemons")}
+        # the daemon serving tenant a: the shares server of a's GPU
         labels = {uid: p["metadata"]["labels"][MPS_DAEMON_LABEL] for uid, p in before.items()}
-        (a_uid,) = [uid for uid, daemon in labels.items() if daemon.startswith(claim_uid)]
-        env = {e["name"]: e["value"] for e in before[a_uid]["spec"]["containers"][0]["env"]}
-        os.kill(_daemon_host_pid(env["CUDA_MPS_PIPE_DIRECTORY"]), 9)
+        (a_uid,) = [uid for uid, daemon in labels.items() if daemon == f"shares-{a['gpus'][0].lower()}"]
+        os.kill(_daemon_host_pid(before[a_uid]), 9)
         killed = time.monotonic()
 
         seen: list[Any] = []

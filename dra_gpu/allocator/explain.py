@@ -356,7 +356,8 @@ def _allocation_configs(
 MPS_ISOLATION_NOTES = (
     "shares of one GPU are clients of one MPS server and run at the same time; the server's caps are the "
     "largest share on the GPU, and each claim's containers carry their own share as client limits "
-    "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT)",
+    "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT), which take precedence over the "
+    "same variables in the pod spec; a process may set lower ones for itself",
     "what a tenant can change: lower its SMs and pinned memory (its own env); raise them up to the server's "
     "caps (the largest share on the GPU) by changing those variables, root or not; a root tenant can change "
     "the server's caps through the mounted pipe directory with its own MPS control client (as with NVIDIA's "
