@@ -772,7 +772,7 @@ def test_tenants_cannot_raise_their_share_and_a_killed_daemon_is_back_within_10s
         )  # fmt: skip
         assert set(counts) == set(before), "a daemon pod was replaced instead of restarted in place"
         assert sum(counts.values()) == 1, counts
-        assert _tenant_limits(release, namespace, "tenant-b") == b
+        assert _share_of(_tenant_limits(release, namespace, "tenant-b")) == _share_of(b)
     finally:
         kubectl.run("delete", "pod", "--all", "-n", namespace, "--wait=true", "--timeout=120s")
     wait_until(lambda: not _pods(kubectl, MPS_DAEMON_SELECTOR), timeout_s=120, what="MPS daemon pods deleted")
