@@ -30,7 +30,7 @@ from typing import Any
 
 from dra_gpu.hardware import profiles
 from dra_gpu.hardware.sim_tools.mps_control import PID_FILE_ENV
-from dra_gpu.hardware.sim_tools.mps_records import read_records
+from dra_gpu.hardware.sim_tools.mps_records import daemon_alive, read_records
 from dra_gpu.hardware.simulator.nvml import SimulatedNvml
 from dra_gpu.hardware.simulator.state import SimState, StateStore
 
@@ -82,7 +82,12 @@ def state_report(driver_root: str | os.PathLike[str]) -> dict[str, Any]:
         names = {p.gi_profile_id: p.name for p in gpu.profile.mig_profiles}
         for gi in entry["gpu_instances"]:
             gi["profile"] = names.get(gi["profile_id"], str(gi["profile_id"]))
-    data["mps"] = read_records(driver_root)
+    records = read_records(driver_root)
+    for key, record in records.items():
+        # A SIGKILLed daemon could not mark its record stopped: running is what a `ps` would say (its lock)
+        if record.get("running") and not daemon_alive(driver_root, key):
+            record.update(running=False, killed=True)
+    data["mps"] = records
     return data
 
 

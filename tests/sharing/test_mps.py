@@ -488,3 +488,23 @@ def test_a_crash_at_each_unprepare_step_is_finished_by_the_retry(node: SimNode, 
     node.manager().unprepare_group("claim-1", result.state)  # the kubelet retries after the restart
     assert node.leftovers() == []
     assert node.gpu_state(uuid).compute_mode == int(ComputeMode.PROHIBITED)
+
+
+def test_the_hardware_state_reports_a_killed_daemon_as_not_running(node: SimNode) -> None:
+    """`dra-gpu hardware state` (what the e2e checks read) says what a `ps` would: a SIGKILLed daemon, which
+    could not mark its own record stopped, does not run."""
+    from dra_gpu.hardware.sim_driver_root import state_report
+
+    manager = node.manager()
+    result = manager.prepare_group("claim-1", mps_config(), [node.alloc("gpu-0")])
+    key = pipe_dir_key(result.state["mpsDaemon"]["pipeDir"])
+    assert state_report(node.root)["mps"][key]["running"] is True
+    os.kill(result.state["mpsDaemon"]["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while pid_alive(result.state["mpsDaemon"]["pid"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    record = state_report(node.root)["mps"][key]
+    assert record["running"] is False and record["killed"] is True
+    manager.unprepare_group("claim-1", result.state)
+    assert node.leftovers() == []
