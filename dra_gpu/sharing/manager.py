@@ -29,6 +29,7 @@ using, and changing its sharing setting would change that claim's behaviour.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import threading
@@ -311,41 +312,61 @@ class HardwareSharingManager:
             "memoryBytes": share.memory_bytes,
             "ownDaemon": False,
         }
-        with self._registry.update() as data:
-            entry = data["sharedMps"].get(share.gpu_uuid)
-            if entry is not None and not Path(entry["daemon"]["dir"]).is_dir():
-                entry = None  # its directory is gone (removed by hand): start anew
-            if entry is None:
-                thread, memory = share_caps(dict.fromkeys(clients, mine), gpu_memory or share.memory_bytes)
-                spec = DaemonSpec(
-                    daemon_id=shared_daemon_id(share.gpu_uuid),
-                    visible_uuids=(share.gpu_uuid,),
-                    exclusive_gpus=(share.gpu_uuid,),
-                    thread_percentage=thread,
-                    pinned_limits={share.gpu_uuid: memory},
-                    multi_user=True,  # pods of any uid: one server (per-uid servers would time-slice)
-                    shares_server=True,
-                )
-                pending = data.get("pendingComputeModes", {})
-                if share.gpu_uuid in pending:  # the mode an earlier claim could not restore: restore that one
-                    spec = replace(spec, modes_before={share.gpu_uuid: pending[share.gpu_uuid]})
-                record = self._mps.start(spec)
-                pending.pop(share.gpu_uuid, None)
-                entry = {"daemon": record, "clients": {}}
-                data["sharedMps"][share.gpu_uuid] = entry
-            # the claim's own /dev/shm: tenants of one server share nothing through it (mounted before the
-            # registry names it: a crash in between leaves a directory that start-up's sweep removes)
-            shm = self._claim_shm_dir(entry["daemon"], claim_uid)
-            self._mps.mount_shm(shm)
-            entry["clients"].update({key: {**mine, "shmDir": str(shm)} for key in clients})
-            self._faults("shares-client-added")
-            record = entry["daemon"]
-            thread, memory = share_caps(entry["clients"], gpu_memory or share.memory_bytes)
-            if (thread, format_mib(memory)) != (
-                record.get("threadPercentage"),
-                record.get("pinnedLimits", {}).get(share.gpu_uuid),
-            ):
-                self._mps.set_limits(record, thread, {share.gpu_uuid: memory})
+        # What this join made before it failed is undone here: the registry is saved only when the block
+        # ends, so `_undo` would find neither a server it started nor the claim's /dev/shm.
+        started: dict[str, Any] | None = None
+        mounted: Path | None = None
+        try:
+            with self._registry.update() as data:
+                entry = data["sharedMps"].get(share.gpu_uuid)
+                if entry is not None and not Path(entry["daemon"]["dir"]).is_dir():
+                    entry = None  # its directory is gone (removed by hand): start anew
+                if entry is None:
+                    thread, memory = share_caps(
+                        dict.fromkeys(clients, mine), gpu_memory or share.memory_bytes
+                    )
+                    spec = DaemonSpec(
+                        daemon_id=shared_daemon_id(share.gpu_uuid),
+                        visible_uuids=(share.gpu_uuid,),
+                        exclusive_gpus=(share.gpu_uuid,),
+                        thread_percentage=thread,
+                        pinned_limits={share.gpu_uuid: memory},
+                        multi_user=True,  # pods of any uid: one server (per-uid servers would time-slice)
+                        shares_server=True,
+                    )
+                    pending = data.get("pendingComputeModes", {})
+                    if (
+                        share.gpu_uuid in pending
+                    ):  # the mode an earlier claim could not restore: restore that one
+                        spec = replace(spec, modes_before={share.gpu_uuid: pending[share.gpu_uuid]})
+                    record = self._mps.start(spec)
+                    started = record
+                    pending.pop(share.gpu_uuid, None)
+                    entry = {"daemon": record, "clients": {}}
+                    data["sharedMps"][share.gpu_uuid] = entry
+                # the claim's own /dev/shm: tenants of one server share nothing through it (mounted before the
+                # registry names it: a crash in between leaves a directory that start-up's sweep removes)
+                shm = self._claim_shm_dir(entry["daemon"], claim_uid)
+                mounted = shm
+                self._mps.mount_shm(shm)
+                entry["clients"].update({key: {**mine, "shmDir": str(shm)} for key in clients})
+                self._faults("shares-client-added")
+                record = entry["daemon"]
+                thread, memory = share_caps(entry["clients"], gpu_memory or share.memory_bytes)
+                if (thread, format_mib(memory)) != (
+                    record.get("threadPercentage"),
+                    record.get("pinnedLimits", {}).get(share.gpu_uuid),
+                ):
+                    self._mps.set_limits(record, thread, {share.gpu_uuid: memory})
+        except BaseException:
+            if mounted is not None:
+                if mounted.is_mount():
+                    with contextlib.suppress(OSError):
+                        unmount(mounted)
+                shutil.rmtree(mounted.parent, ignore_errors=True)
+            if started is not None:
+                self._mps.stop(started, on_gpu_gone=self._restore_later)
+            raise
         return client_edits(
             record,
             thread_percentage=share.compute_percent,

@@ -14,7 +14,7 @@ import pytest
 from sim_node import SimNode, pid_alive
 
 from dra_gpu.hardware.types import ComputeMode
-from dra_gpu.sharing.interface import AllocatedDevice, GroupResult
+from dra_gpu.sharing.interface import AllocatedDevice, GroupResult, SharingError
 from dra_gpu.sharing.manager import HardwareSharingManager, shared_daemon_id
 from dra_gpu.sharing.mps_namespace import CONTAINER_PIPE_DIR
 from tests.support.container_view import sim_client, start_sim_client
@@ -227,3 +227,39 @@ def test_mps_starts_under_a_plugins_directory_of_any_length(
     assert dict(e.split("=", 1) for e in result.edits.env)["CUDA_MPS_PIPE_DIRECTORY"] == CONTAINER_PIPE_DIR
     manager.unprepare_group("claim-0", result.state)
     assert not any(pid_alive(r.get("pid")) for r in node.running_daemons())
+
+
+@pytest.mark.parametrize("step", ["mps-daemon-placed", "shares-client-added", "mps-limits-recorded"])
+def test_a_join_that_fails_leaves_nothing(node: SimNode, step: str) -> None:
+    """A join refused midway (here by a failing step) undoes what it made, though the registry never named
+    it: the server it started (and the compute mode), the claim's /dev/shm. A server that others use stays."""
+
+    def fail(at: str) -> None:
+        if at == step and failing:
+            raise OSError(f"injected failure at {at}")
+
+    failing = False
+    manager = node.manager(faults=fail)
+    if step == "mps-limits-recorded":  # a larger share joining a running server changes its caps
+        (first,) = prepare_shares(node, manager, [("10", "1Gi")])
+    failing = True
+    with pytest.raises(SharingError):
+        manager.prepare_group("claim-9", None, [share(node, "25", "10Gi", 9)])
+    failing = False
+    if step == "mps-limits-recorded":
+        assert manager.describe()["sharedMps"][node.uuid()]["clients"].keys() == set(
+            first.state["sharedMps"]["clients"]
+        )
+        assert sim_client(first.edits, node.root)["activeThreadPercentage"] == 10
+        manager.reconcile_mps([first.state])  # the caps go back to the shares the registry holds
+        assert server_of_caps(manager, node) == (10, "1024M")
+        manager.unprepare_group("claim-0", first.state)
+    assert manager.describe()["sharedMps"] == {}
+    assert node.gpu_state(node.uuid()).compute_mode == int(ComputeMode.DEFAULT)
+    assert node.leftovers() == []
+
+
+def server_of_caps(manager: HardwareSharingManager, node: SimNode) -> tuple[object, object]:
+    daemon = manager._mps.latest(manager.describe()["sharedMps"][node.uuid()]["daemon"])
+    held = manager._mps.limits_in_force(daemon)
+    return held["threadPercentage"], held["pinnedLimits"][node.uuid()]
