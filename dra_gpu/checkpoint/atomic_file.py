@@ -84,10 +84,18 @@ def _swap_into_place(tmp: Path, path: Path) -> None:
     RENAME_EXCHANGE, which readers see as atomically as a rename (the name holds the old file or the new one),
     and then remove the old file from the temporary name. Where the swap is not possible (no file there yet, a
     file system or libc without it) this is a plain rename."""
-    if _RENAMEAT2 is not None:
-        old, new = os.fsencode(tmp), os.fsencode(path)
-        if _RENAMEAT2(_AT_FDCWD, old, _AT_FDCWD, new, _RENAME_EXCHANGE) == 0:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)  # the old content; a crash before this leaves it behind, as one mid-write does
-            return
+    if rename_exchange(tmp, path) == 0:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # the old content; a crash before this leaves it behind, as one mid-write does
+        return
     os.replace(tmp, path)
+
+
+def rename_exchange(first: Path, second: Path) -> int:
+    """Swap the two names atomically (renameat2 RENAME_EXCHANGE; both must exist): 0, or the errno of the
+    failure (ENOSYS where this libc has no renameat2)."""
+    if _RENAMEAT2 is None:
+        return errno.ENOSYS
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE) == 0:
+        return 0
+    return ctypes.get_errno() or errno.EIO

@@ -29,7 +29,6 @@ using, and changing its sharing setting would change that claim's behaviour.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import shutil
 import threading
@@ -360,10 +359,7 @@ class HardwareSharingManager:
                     self._mps.set_limits(record, thread, {share.gpu_uuid: memory})
         except BaseException:
             if mounted is not None:
-                if mounted.is_mount():
-                    with contextlib.suppress(OSError):
-                        unmount(mounted)
-                shutil.rmtree(mounted.parent, ignore_errors=True)
+                _remove_claim_shm(mounted.parent)
             if started is not None:
                 self._mps.stop(started, on_gpu_gone=self._restore_later)
             raise
@@ -386,16 +382,8 @@ class HardwareSharingManager:
         keep = {key.split("/", 1)[0] for key in entry["clients"]}
         problems: list[str] = []
         for claim in sorted(claims_dir.iterdir()):
-            if claim.name in keep:
-                continue
-            shm = claim / "shm"
-            if shm.is_mount():
-                try:
-                    unmount(shm)
-                except OSError as err:
-                    problems.append(f"cannot unmount {shm}: {err.strerror}")
-                    continue
-            shutil.rmtree(claim, ignore_errors=True)
+            if claim.name not in keep:
+                problems += _remove_claim_shm(claim)
         return problems
 
     # ---- unprepare -----------------------------------------------------------------------------------------
@@ -713,3 +701,15 @@ def _changes_nothing_gpu_wide(state: Mapping[str, Any]) -> bool:
         and not state.get("timeSlice")
         and not daemon.get("computeModes")
     )
+
+
+def _remove_claim_shm(claim_dir: Path) -> list[str]:
+    """Unmount a shares server's claim's /dev/shm and remove its directory; problems (empty when done)."""
+    shm = claim_dir / "shm"
+    if shm.is_mount():
+        try:
+            unmount(shm)
+        except OSError as err:
+            return [f"cannot unmount {shm}: {err.strerror}"]
+    shutil.rmtree(claim_dir, ignore_errors=True)
+    return []

@@ -435,7 +435,7 @@ class MpsDaemons:
         """A size-limited tmpfs for a /dev/shm at `path` (made if missing); False when it cannot be mounted
         (the directory is used as it is)."""
         path.mkdir(parents=True, exist_ok=True)
-        return path.is_mount() or self._mount_tmpfs(path)
+        return _is_mount_point(path) or self._mount_tmpfs(path)
 
     def _mount_tmpfs(self, path: Path) -> bool:
         if not self._mount_shm:
@@ -534,14 +534,8 @@ class MpsDaemons:
         record["pinnedLimits"] = {u: format_mib(v) for u, v in sorted(pinned_limits.items())}
         _save_record(record)
         self._faults("mps-limits-recorded")
-        self._apply_limits(record)
-
-    def _apply_limits(self, record: Mapping[str, Any]) -> bool:
-        """Set the record's limits as the daemon's defaults and on each running server; True when a running
-        server had to be set (it may have served without them)."""
         servers = self.server_pids(record)
         self.commands(record, limit_commands(record) + server_limit_commands(record, servers))
-        return bool(servers)
 
     def _wait_ready(
         self, record: Mapping[str, Any], limits: Sequence[str] = (), *, at: str | None = None

@@ -25,13 +25,12 @@ the same directory, since its namespace bound the directory itself, not the name
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from dra_gpu.checkpoint.atomic_file import rename_exchange
 from dra_gpu.sharing.interface import SharingError
 
 DAEMON_PIPE_DIR = "/tmp/nvidia-mps"  # where the daemon and the plugin's control sessions see the pipe
@@ -82,31 +81,14 @@ def in_daemon_view(pipe_dir: str, log_dir: str, argv: Sequence[str]) -> list[str
     ]
 
 
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-def _renameat2() -> object | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return None
-
-
-_RENAMEAT2 = _renameat2()
-
-
 def place(stage: Path, live: Path) -> None:
     """Put the directory `stage` (a daemon that holds its limits) at `live`, where clients look, in one step.
     The old `live` (a dead daemon's) ends at `stage` and is removed; an empty `stage` is made again (a daemon
     pod's hostPath names it: a restarted container starts its daemon there)."""
     if live.exists():
-        if _RENAMEAT2 is None:
-            raise SharingError("cannot swap MPS pipe directories: this libc has no renameat2")
-        function = _RENAMEAT2
-        if function(_AT_FDCWD, bytes(stage), _AT_FDCWD, bytes(live), _RENAME_EXCHANGE) != 0:  # type: ignore[operator]
-            code = ctypes.get_errno()
-            raise SharingError(f"swapping {stage} into {live}: {os.strerror(code or errno.EIO)}")
+        code = rename_exchange(stage, live)
+        if code:
+            raise SharingError(f"swapping {stage} into {live}: {os.strerror(code)}")
         shutil.rmtree(stage, ignore_errors=True)
     else:
         os.rename(stage, live)

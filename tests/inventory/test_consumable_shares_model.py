@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dra_gpu.hardware.loader import open_hardware
 from dra_gpu.hardware.types import DiscoveryResult
 from dra_gpu.inventory.consumable_shares import (
     DISABLED,
@@ -25,15 +20,6 @@ from dra_gpu.slices.slice_builder import build_slices
 from dra_gpu.slices.slice_validation import validate_slices
 
 MIB = 2**20
-
-
-@pytest.fixture(scope="module")
-def discovery() -> Iterator[DiscoveryResult]:
-    root = Path(tempfile.mkdtemp(prefix="shares-", dir="/tmp"))
-    try:
-        yield open_hardware("dgx-h100", str(root)).discover()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +39,6 @@ NODE = "node-a"
 GPUS = [f"{NODE}/gpu-{i}" for i in range(8)]
 # Capacities no mode divides between claims: none of them may be what stops one.
 UNSHARED = ("multiprocessors", "copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
-
-
-@pytest.fixture(scope="module")
-def discovery() -> Iterator[DiscoveryResult]:
-    root = Path(tempfile.mkdtemp(prefix="shares-", dir="/tmp"))
-    try:
-        yield open_hardware("dgx-h100", str(root)).discover()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _slices(discovery: DiscoveryResult, flag: str, dynamic_mig: bool = True) -> list[dict[str, Any]]:

@@ -224,6 +224,20 @@ def time_slicing(interval: str = "Long") -> dict[str, Any]:
     }
 
 
+def mps(thread_percentage: int = 40, pinned: str = "2Gi") -> dict[str, Any]:
+    return {
+        "apiVersion": V1B1,
+        "kind": "GpuConfig",
+        "sharing": {
+            "strategy": "MPS",
+            "mpsConfig": {
+                "defaultActiveThreadPercentage": thread_percentage,
+                "defaultPinnedDeviceMemoryLimit": pinned,
+            },
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Result:
     request: str

@@ -16,7 +16,15 @@ from dra_gpu.sharing.manager import shared_daemon_id
 from dra_gpu.sharing.mps import process_start_time
 from tests.plugin.claim_view import mps_host_dir, workload
 from tests.plugin.kubelet_client import ClaimId, KubeletClient
-from tests.plugin.plugin_harness import ClaimFactory, PluginProcess, Result, SimNode, opaque, time_slicing
+from tests.plugin.plugin_harness import (
+    ClaimFactory,
+    PluginProcess,
+    Result,
+    SimNode,
+    mps,
+    opaque,
+    time_slicing,
+)
 
 pytestmark = pytest.mark.apiserver
 
@@ -122,20 +130,6 @@ def test_unlimited_shares_get_the_gpu_without_a_daemon(
     assert daemons(node) == {}
     assert kubelet.unprepare([a, b]).claims[a.uid].error == ""
     kubelet.close()
-
-
-def mps(thread_percentage: int, pinned: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "GpuConfig",
-        "sharing": {
-            "strategy": "MPS",
-            "mpsConfig": {
-                "defaultActiveThreadPercentage": thread_percentage,
-                "defaultPinnedDeviceMemoryLimit": pinned,
-            },
-        },
-    }
 
 
 def test_shares_with_an_mps_config_are_clients_of_one_server_each_held_to_its_share_and_config(

@@ -18,11 +18,11 @@ from dra_gpu.hardware.types import ComputeMode
 from tests.plugin.claim_view import workload
 from tests.plugin.kubelet_client import ClaimId, KubeletClient, devices_of
 from tests.plugin.plugin_harness import (
-    V1B1,
     ClaimFactory,
     PluginProcess,
     Result,
     SimNode,
+    mps,
     opaque,
 )
 from tests.support.mps_view import RecordsByPipeDir
@@ -30,20 +30,6 @@ from tests.support.mps_view import RecordsByPipeDir
 pytestmark = pytest.mark.apiserver
 
 MIG_DEVICE = "gpu-1-mig-1g10gb-19-0"
-
-
-def mps(thread_percentage: int = 40, pinned: str = "2Gi") -> dict[str, Any]:
-    return {
-        "apiVersion": V1B1,
-        "kind": "GpuConfig",
-        "sharing": {
-            "strategy": "MPS",
-            "mpsConfig": {
-                "defaultActiveThreadPercentage": thread_percentage,
-                "defaultPinnedDeviceMemoryLimit": pinned,
-            },
-        },
-    }
 
 
 def hardware_state(node: SimNode) -> dict[str, Any]:
