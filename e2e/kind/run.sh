@@ -108,7 +108,7 @@ sed -e "s|ETCD_IMAGE_TAG|$etcd_tag|" -e "s|COREDNS_IMAGE_TAG|$coredns_tag|" -e "
 
 # --- 3. cluster ------------------------------------------------------------------------------------
 t_cluster="$(now)"
-if kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+if kind get clusters 2>/dev/null | grep -x "$CLUSTER" >/dev/null; then  # not -q: its early exit is a SIGPIPE
     log "using the existing kind cluster $CLUSTER"
     kind get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_FILE"
 else

@@ -54,4 +54,4 @@ $py e2e/real_gpu/plugin_start.py --runs 5 >"$work/plugin-start.json" 2>"$work/pl
 mkdir -p "$out"
 tar -C "$work" -czf "$out/real-gpu-checks.tar.gz" .
 ls -la "$work"
-cat "$work/plugin-start.json" "$work/compare-nvidia-smi.txt" | head -80
+cat "$work/plugin-start.json" "$work/compare-nvidia-smi.txt" | sed -n 1,80p

@@ -11,10 +11,10 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 HERE="$REPO/manifests/image"
-VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO/pyproject.toml" | head -n1)"
+VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO/pyproject.toml" | awk 'NR == 1')"
 IMAGE="${1:-dra-gpu:${VERSION}}"
 REVISION="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-DEFAULT_BASE="$(sed -n 's/^ARG PYTHON_IMAGE=//p' "$REPO/Dockerfile" | head -n1)"
+DEFAULT_BASE="$(sed -n 's/^ARG PYTHON_IMAGE=//p' "$REPO/Dockerfile" | awk 'NR == 1')"
 log() { echo "[image] $*" >&2; }
 
 pick_tool() {
@@ -88,7 +88,9 @@ log "built $IMAGE in $((SECONDS - t0))s"
 # The unpacked size, as `docker images` / `buildah images` show it.
 case "$TOOL" in
     docker) size="$(docker image inspect --format '{{.Size}}' "$IMAGE")" ;;
-    *) size="$("$TOOL" images --format '{{.Size}}' --noheading "$IMAGE" | head -n1)" ;;  # e.g. "241 MB"
+    # awk reads every line: `head -n1` may exit first, and under pipefail the writer's SIGPIPE (141) ended
+    # the build (CI, stop 33: two tags of one image, two lines).
+    *) size="$("$TOOL" images --format '{{.Size}}' --noheading "$IMAGE" | awk 'NR == 1')" ;;  # e.g. "241 MB"
 esac
 log "image size $size"
 
