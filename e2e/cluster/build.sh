@@ -9,6 +9,7 @@
 #   helm           helm
 #   nvidia-ctk     nvidia-ctk and nvidia-cdi-hook (NVIDIA Container Toolkit) for the driver image
 #   dra-example-driver  the Go example driver's kubelet plugin (the baseline of make bench's side-by-side table)
+#   syft           syft (anchore/syft), which writes the driver image's SBOM (manifests/image/build.sh)
 #   image          the driver image, via manifests/image/build.sh (needs docker, podman or buildah)
 #   kind           kind (sigs.k8s.io/kind), coredns, kubeadm and kube-proxy, for e2e/kind/node_image.py
 # A stamp per component (version + recipe) makes a second run instant. Build times go to
@@ -383,6 +384,25 @@ build_coredns() {
     build_go_tool coredns "$COREDNS_VERSION" github.com/coredns/coredns "$CACHE/coredns/${COREDNS_VERSION:-unset}"
 }
 
+# ------------------------------------------------------------------------------------------------- syft
+# anchore/syft: manifests/image/build.sh writes the image's SBOM with it (Debian packages, Python dist-infos and
+# the Go build info of nvidia-ctk, all in one document). Built from the module's own go.mod into
+# $CACHE/syft/<version>; main.version set as syft's release builds set it, so the SBOM names the tool's version.
+SYFT_DIR="$CACHE/syft/${SYFT_VERSION:-unset}"
+build_syft() {
+    local v="$SYFT_VERSION" recipe="$SYFT_VERSION cgo0"
+    if dir_stamp_ok "$SYFT_DIR" "$recipe" syft; then log "syft $v up to date"; return 0; fi
+    log "syft $v ..."
+    local t0 src; t0=$(now_us)
+    src="$(module_dir "github.com/anchore/syft@$v")"
+    mkdir -p "$SYFT_DIR"
+    (cd "$src" && CGO_ENABLED=0 run_logged syft "${NICE[@]}" go build \
+        -ldflags "-s -w -X main.version=${v#v} -X main.gitCommit=module-proxy" -o "$SYFT_DIR/syft" ./cmd/syft)
+    printf '%s' "$recipe" >"$SYFT_DIR/.stamp"
+    log "syft $v done in $(since "$t0")s"
+    record_time syft "$v" build_s "$(since "$t0")"
+}
+
 # ------------------------------------------------------------------------------------------------- main
 main() {
     (($#)) || set -- control-plane
@@ -404,13 +424,14 @@ main() {
             helm) locked helm build_helm ;;
             nvidia-ctk) locked nvidia-ctk build_nvidia_ctk ;;
             dra-example-driver) locked dra-example-driver build_dra_example_driver ;;
+            syft) locked syft build_syft ;;
             # kind and what its node image needs beyond `all`: kubeadm sets the node up, kube-proxy serves
             # ClusterIPs inside the kind cluster.
             kind) locked kind build_kind; locked coredns build_coredns
                 locked "k8s-$KUBERNETES_VERSION" build_k8s kubeadm kube-proxy ;;
             # The driver's container image (docker/podman/buildah); `make image` calls this target.
             image) "$REPO/manifests/image/build.sh" ;;
-            *) die "unknown target '$target' (use control-plane, node, all, scheduler, helm, nvidia-ctk, dra-example-driver, kind or image)" ;;
+            *) die "unknown target '$target' (use control-plane, node, all, scheduler, helm, nvidia-ctk, dra-example-driver, syft, kind or image)" ;;
         esac
         # cold_s: this target compiled something; warm_s: every stamp was current.
         local kind=warm_s

@@ -5,6 +5,9 @@
 #
 # The root filesystem tarball is cached in ${DRA_GPU_CACHE:-~/.cache/dra-gpu}/images/base/, so a second
 # machine with the same cache (or a wiped container storage) only re-imports it.
+# The tarball's sha256 is recorded beside it when debootstrap writes it (.sha256) and checked before every
+# import, so what goes into the container storage is what was built; build.sh then names the imported image by
+# its digest (FROM ...@sha256:), and the image's provenance records that digest.
 # Usage: manifests/image/debian-base.sh [--rebuild]
 # Needs root (debootstrap chroots), debootstrap and buildah (e2e/cluster/install-host-deps.sh image).
 set -euo pipefail
@@ -23,7 +26,7 @@ RECIPE="debootstrap --variant=minbase --include=$INCLUDE $RELEASE"
 log() { echo "[base] $*" >&2; }
 die() { echo "[base] ERROR: $*" >&2; exit 1; }
 
-[[ "${1:-}" == "--rebuild" ]] && rm -f "$TARBALL" "$TARBALL.recipe"
+[[ "${1:-}" == "--rebuild" ]] && rm -f "$TARBALL" "$TARBALL.recipe" "$TARBALL.sha256"
 command -v buildah >/dev/null || die "buildah is not installed: run e2e/cluster/install-host-deps.sh image"
 
 if [[ "$(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "dra-gpu.base-recipe"}}' \
@@ -50,11 +53,20 @@ if [[ ! -f "$TARBALL" || "$(cat "$TARBALL.recipe" 2>/dev/null)" != "$RECIPE" ]];
     tar --numeric-owner --xattrs -C "$work/root" -cf "$TARBALL.tmp" .
     mv "$TARBALL.tmp" "$TARBALL"
     printf '%s' "$RECIPE" >"$TARBALL.recipe"
+    sha256sum "$TARBALL" | awk '{ print $1 }' >"$TARBALL.sha256"
     rm -rf "$work"; trap - EXIT
     log "root filesystem $(du -h "$TARBALL" | cut -f1) in $((SECONDS - t0))s -> $TARBALL"
 fi
 
-log "importing $TARBALL as $BASE_REF"
+sum="$(sha256sum "$TARBALL" | awk '{ print $1 }')"
+if [[ ! -f "$TARBALL.sha256" ]]; then
+    # A tarball from before the sums were recorded: this import is the one later imports are checked against.
+    echo "$sum" >"$TARBALL.sha256"
+    log "recorded sha256 $sum of $TARBALL (first import since it was written)"
+elif [[ "$(cat "$TARBALL.sha256")" != "$sum" ]]; then
+    die "$TARBALL has sha256 $sum, not the $(cat "$TARBALL.sha256") recorded when it was built: run $0 --rebuild"
+fi
+log "importing $TARBALL (sha256 $sum) as $BASE_REF"
 ctr="$(buildah from --quiet scratch)"
 trap 'buildah rm "$ctr" >/dev/null 2>&1 || true' EXIT
 buildah add --quiet "$ctr" "$TARBALL" / >/dev/null
