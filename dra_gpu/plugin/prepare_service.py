@@ -825,6 +825,13 @@ class PrepareService:
             entry = self._entry(ref)  # a concurrent call for the same claim may have finished meanwhile
             if entry is None:
                 return
+            if entry.phase is ClaimPhase.PREPARE_COMPLETED and entry.groups:
+                # Undoing starts: record it first. Killed halfway (a time-slice reset, a daemon stopped), a
+                # completed entry would stay, and a repeated prepare would answer from it for a claim that
+                # no longer has what the answer promises (found by the soak, tests/soak). Started, the
+                # prepare finishes the undo and prepares again.
+                entry = _replace_groups(entry, entry.groups, ClaimPhase.PREPARE_STARTED)
+                self._commit(ref, entry)
             self._roll_back(ref, entry)
 
     # ------------------------------------------------------------------------------------ start-up and GC

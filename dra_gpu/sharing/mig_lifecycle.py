@@ -115,9 +115,16 @@ class MigLifecycle:
                         f"{existing.placement.size}); a device that overlaps it was probably created outside "
                         "this driver"
                     )
+        # The intent first: killed after NVML made the instance and before `createdMig` names it, start-up
+        # finds it by this (destroy_unowned); without it the instance leaked and its placement stayed taken
+        # for every later claim (found by the soak, tests/soak).
+        intent = [gpu.uuid, spec.gi_profile_id, spec.placement_start, gpu.mig_enabled]
+        with self._registry.update() as data:
+            data["creatingMig"].append(intent)
         try:
             instance = self._hardware.create_mig_device(gpu.uuid, spec.gi_profile_id, spec.placement_start)
         except HardwareError as err:
+            self._drop_intent(intent)
             if not gpu.mig_enabled:
                 self._undo_mig_mode(gpu.uuid)
             if _busy(err) and not gpu.mig_enabled:
@@ -127,10 +134,21 @@ class MigLifecycle:
                     f"nvidia-smi -i {gpu.uuid} -mig 1) and the claim's next prepare will create it"
                 ) from None
             raise SharingError(f"{where}: creating it failed: {err}") from None
-        with self._registry.update() as data:
-            data["createdMig"].append([instance.parent_uuid, instance.gi_id, instance.ci_id, instance.uuid])
-            if not gpu.mig_enabled and gpu.uuid not in data["migModeEnabled"]:
-                data["migModeEnabled"].append(gpu.uuid)
+        try:
+            created = [instance.parent_uuid, instance.gi_id, instance.ci_id, instance.uuid]
+            with self._registry.update() as data:
+                data["createdMig"].append(created)
+                if not gpu.mig_enabled and gpu.uuid not in data["migModeEnabled"]:
+                    data["migModeEnabled"].append(gpu.uuid)
+                data["creatingMig"] = [i for i in data["creatingMig"] if i != intent]
+        except OSError as err:  # e.g. a full disk: an instance no record names must not stay
+            try:
+                self._hardware.destroy_mig_device(instance.parent_uuid, instance.gi_id, instance.ci_id)
+                if not gpu.mig_enabled:
+                    self._undo_mig_mode(gpu.uuid)
+            except HardwareError as undo:
+                log.error("cannot destroy a MIG device just made", uuid=instance.uuid, error=str(undo))
+            raise SharingError(f"{where}: recording it in {self._registry.path} failed: {err}") from None
         log.info("MIG device created", device=name, uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
         return instance
 
@@ -156,13 +174,20 @@ class MigLifecycle:
                     (i.gi_id, i.ci_id) == (instance.gi_id, instance.ci_id)
                     for i in self._hardware.list_mig_devices(instance.parent_uuid)
                 )
-                log.info(
-                    "MIG device already gone"
-                    + ("; its ids now belong to another device, left alone" if reused else ""),
-                    uuid=instance.uuid,
-                    gi=instance.gi_id,
-                    ci=instance.ci_id,
-                )
+                if not reused and self._left_empty(instance):
+                    # Killed between destroying the compute instance and its GPU instance (two NVML calls):
+                    # the empty GPU instance still holds its memory slices and placement. Finish the job
+                    # (found by the soak, tests/soak).
+                    log.info("destroying the empty GPU instance of a MIG device", uuid=instance.uuid)
+                    self._hardware.destroy_mig_device(instance.parent_uuid, instance.gi_id, instance.ci_id)
+                else:
+                    log.info(
+                        "MIG device already gone"
+                        + ("; its ids now belong to another device, left alone" if reused else ""),
+                        uuid=instance.uuid,
+                        gi=instance.gi_id,
+                        ci=instance.ci_id,
+                    )
             else:
                 self._hardware.destroy_mig_device(current.parent_uuid, current.gi_id, current.ci_id)
         except HardwareError as err:
@@ -190,6 +215,17 @@ class MigLifecycle:
         log.info("MIG device destroyed", uuid=instance.uuid, gi=instance.gi_id, ci=instance.ci_id)
         self.maybe_disable_mig_mode(instance.parent_uuid)
 
+    def _left_empty(self, instance: MigInstance) -> bool:
+        """Whether the GPU instance of `instance` (same id, profile and placement) is there without any
+        compute instance."""
+        for gpu in self._hardware.discover().gpus:
+            if gpu.uuid == instance.parent_uuid:
+                ours = (instance.gi_id, instance.gi_profile_id, instance.placement.start)
+                return any(
+                    (e.gi_id, e.gi_profile_id, e.placement.start) == ours for e in gpu.mig_empty_gpu_instances
+                )
+        return False
+
     def pending(self) -> list[MigInstance]:
         """Instances whose destruction waits for their GPU to come back."""
         return [instance_from_json(d) for d in self._registry.read()["pendingMigDestroy"]]
@@ -208,6 +244,29 @@ class MigLifecycle:
                 data["pendingMigDestroy"] = [p for p in pending if p["uuid"] != instance.uuid]
             done.append(instance.uuid)
         return done
+
+    def _drop_intent(self, intent: list[Any]) -> None:
+        with self._registry.update() as data:
+            data["creatingMig"] = [i for i in data["creatingMig"] if i != intent]
+
+    def _adopt_interrupted(self, owned: set[tuple[str, int, int]], gpus: Sequence[GpuInfo]) -> None:
+        """At start-up: an instance at the placement of a creation that was under way (its intent left in
+        the registry), which neither `createdMig` nor a checkpointed claim names, was made by us just before a
+        crash: record it as created (so `destroy_unowned` destroys it) and its MIG mode as switched on by us
+        when it was off. Then the intents are done with."""
+        with self._registry.update() as data:
+            intents = list(data["creatingMig"])
+            known = {tuple(k[:3]) for k in data["createdMig"]} | owned
+            for parent, profile_id, start, mig_was_on in intents:
+                for gpu in gpus:
+                    for i in gpu.mig_instances if gpu.uuid == parent else ():
+                        key = (i.parent_uuid, i.gi_id, i.ci_id)
+                        if (i.gi_profile_id, i.placement.start) == (profile_id, start) and key not in known:
+                            log.warning("MIG device made just before a crash; destroying it", uuid=i.uuid)
+                            data["createdMig"].append([*key, i.uuid])
+                            if not mig_was_on and parent not in data["migModeEnabled"]:
+                                data["migModeEnabled"].append(parent)
+            data["creatingMig"] = []
 
     def _forget(self, parent: str, gi_id: int, ci_id: int, uuid: str | None = None) -> None:
         """Drop an instance from the registry (entries written before the uuid was recorded have 3 fields).
@@ -245,9 +304,11 @@ class MigLifecycle:
 
     def destroy_unowned(self, owned: set[tuple[str, int, int]], gpus: Sequence[GpuInfo]) -> list[str]:
         """Destroy the instances we created that no checkpointed claim owns. Returns what was destroyed."""
+        self._adopt_interrupted(owned, gpus)
         with self._registry.update() as data:
             created = [tuple(k) for k in data["createdMig"]]
         by_key = {(i.parent_uuid, i.gi_id, i.ci_id): i for g in gpus for i in g.mig_instances}
+        empty = {(g.uuid, e.gi_id) for g in gpus for e in g.mig_empty_gpu_instances}
         destroyed: list[str] = []
         for key in created:
             parent, gi_id, ci_id = str(key[0]), int(key[1]), int(key[2])
@@ -269,9 +330,12 @@ class MigLifecycle:
                 if instance is not None:
                     self.destroy(instance, defer_if_busy=True)
                 else:  # ours is already gone: forget it
+                    if (parent, gi_id) in empty:  # its compute instance was, its GPU instance not (a crash)
+                        self._hardware.destroy_mig_device(parent, gi_id, ci_id)
+                        destroyed.append(f"empty GPU instance (GPU {parent} gi={gi_id})")
                     self._forget(parent, gi_id, ci_id)
                     continue
-            except SharingError as err:
+            except (SharingError, HardwareError) as err:
                 log.error("cannot destroy unowned MIG device", device=label, error=str(err))
                 continue
             if any(p.uuid == instance.uuid for p in self.pending()):

@@ -59,6 +59,9 @@ def empty_registry(boot_id: str) -> dict[str, Any]:
         #              "clients": {"<claim>/<device>/<shareID>": {"computePercent": N, "memoryBytes": N}}}
         "sharedMps": {},
         "createdMig": [],  # [parent uuid, gi id, ci id, MIG uuid] of instances this driver created
+        # [parent uuid, GI profile id, placement start, MIG mode was on] of a creation under way: a crash
+        # between NVML creating the instance and `createdMig` naming it leaves an instance start-up must find
+        "creatingMig": [],
         "migModeEnabled": [],  # gpu uuids whose MIG mode we switched on (switched off again when empty)
         "pendingComputeModes": {},  # gpu uuid -> mode to restore once the GPU (gone at unprepare) is back
         "pendingTimeSliceResets": [],  # gpu uuids to reset to the Default interval once back
@@ -87,7 +90,11 @@ class Registry:
                 try:
                     self._open = self._load()
                     yield self._open
-                    self._save(self._open)
+                    # An update that changes nothing writes nothing: on a full disk, start-up's read of
+                    # `createdMig` (an update) failed before any leftover MIG device was destroyed, which
+                    # then stayed for good (found by the soak, tests/soak).
+                    if _encode(self._open) != self._text_on_disk():
+                        self._save(self._open)
                 finally:
                     self._open = None
 
@@ -99,6 +106,12 @@ class Registry:
                 return copy
             with file_locked(self._lock_path, exclusive=False):
                 return self._load()
+
+    def _text_on_disk(self) -> str | None:
+        try:
+            return self.path.read_text()
+        except (OSError, UnicodeDecodeError):
+            return None
 
     def _load(self) -> dict[str, Any]:
         try:
@@ -136,9 +149,20 @@ class Registry:
 
     def _save(self, data: dict[str, Any]) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as out:
-            # one C-encoded string (`json.dump` and `indent` take the pure-Python encoder)
-            out.write(json.dumps(data, separators=(",", ":"), sort_keys=True))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as out:
+                out.write(_encode(data))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+        except OSError:
+            # A failed write (a full disk) must not leave its partial temp file: it would hold on to the very
+            # space that ran out, and nothing else ever removes it (found by the soak, tests/soak).
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+
+
+def _encode(data: dict[str, Any]) -> str:
+    # one C-encoded string (`json.dump` and `indent` take the pure-Python encoder)
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)

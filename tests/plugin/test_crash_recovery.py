@@ -95,6 +95,32 @@ def test_killed_during_prepare(
     kubelet.close()
 
 
+@pytest.mark.parametrize("step", UNPREPARE_STEPS)
+def test_prepare_after_an_unprepare_killed_halfway_prepares_again(
+    step: str, start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory
+) -> None:
+    """Found by the soak (tests/soak): killed after the time-slice group was undone, the checkpoint still
+    said PrepareCompleted, so a prepare (a new pod of the claim) answered from it while the GPU's time slice
+    was back to default. Now the unprepare records that it started before undoing anything, and the prepare
+    finishes the undo and prepares again: the claim has everything its answer promises."""
+    claim = make_claim(claims)
+    doomed = start_plugin(env={"DRA_GPU_FAULT_KILL_AT": step})
+    kubelet = KubeletClient(node.registration_socket)
+    assert kubelet.prepare([claim]).claims[claim.uid].error == ""
+    crash(doomed, lambda: kubelet.unprepare([claim]))
+    kubelet.close()
+
+    start_plugin()
+    kubelet = KubeletClient(node.registration_socket)
+    answer = kubelet.prepare([claim])
+    assert answer.claims[claim.uid].error == ""
+    assert devices_of(answer, claim.uid) == expected_answer(node, claim)
+    assert_prepared_once(node, claim)  # time slice set, one MIG instance, its spec
+    assert kubelet.unprepare([claim]).claims[claim.uid].error == ""
+    assert_clean(node)
+    kubelet.close()
+
+
 @pytest.mark.parametrize("step", ["prepare-started", "prepare-group-0", "prepare-cdi-written"])
 def test_killed_while_preparing_a_whole_gpu_as_it_is(
     step: str, start_plugin: Callable[..., PluginProcess], node: SimNode, claims: ClaimFactory

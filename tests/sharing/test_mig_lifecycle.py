@@ -216,3 +216,85 @@ def test_replayed_unprepare_leaves_a_reused_instance_alone(node: SimNode) -> Non
     manager.unprepare_group("claim-2", second.state)
     assert node.hardware.list_mig_devices(node.uuid()) == []
     assert node.state().gpus[0].mig_current is False  # nothing leaks: MIG mode switched off again
+
+
+class _Killed(BaseException):
+    """The plugin process dies here (nothing after it runs, no handler catches it)."""
+
+
+def test_an_instance_made_just_before_a_crash_is_destroyed_at_start_up(
+    node: SimNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the soak (tests/soak): killed after NVML made the MIG device and before the registry named
+    it, the instance was nobody's: start-up destroys only what the registry names, so it stayed, and its
+    placement was taken for every later claim. The creation is now recorded as an intent first."""
+    device = dynamic(node, "1g.10gb", 3)
+    create = node.hardware.create_mig_device
+
+    def create_then_die(*args: object) -> object:
+        create(*args)  # type: ignore[arg-type]
+        raise _Killed
+
+    monkeypatch.setattr(node.hardware, "create_mig_device", create_then_die)
+    with pytest.raises(_Killed):
+        node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])
+    monkeypatch.undo()
+    assert len(node.state().gpus[0].gpu_instances) == 1  # made, and recorded nowhere but the intent
+
+    destroyed = node.manager().destroy_unowned_mig(set())  # the next start
+    assert len(destroyed) == 1
+    gpu = node.state().gpus[0]
+    assert gpu.gpu_instances == [] and gpu.mig_current is False  # MIG mode off again: we switched it on
+    node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])  # the placement is free
+    assert len(node.state().gpus[0].gpu_instances) == 1
+    node.manager().destroy_unowned_mig(set())
+
+
+def test_a_gpu_instance_left_empty_by_a_crash_is_destroyed_by_the_replayed_unprepare(
+    node: SimNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the soak (tests/soak): killed between destroying a MIG device's compute instance and its GPU
+    instance, the replayed unprepare found no MIG device, took it for gone and forgot it: the empty GPU
+    instance stayed, holding its placement (the model then withholds it and the whole GPU)."""
+    device = dynamic(node, "2g.20gb", 4)
+    manager = node.manager()
+    result = manager.prepare_group("claim-1", None, [node.alloc(device.name)])
+    destroy_call = node.hardware._destroy_in_use_aware  # type: ignore[attr-defined]
+
+    def die_before_the_gpu_instance(what: str, function: str, *args: object) -> None:
+        if function == "nvmlGpuInstanceDestroy":
+            raise _Killed
+        destroy_call(what, function, *args)
+
+    monkeypatch.setattr(node.hardware, "_destroy_in_use_aware", die_before_the_gpu_instance)
+    with pytest.raises(_Killed):
+        manager.unprepare_group("claim-1", result.state)
+    monkeypatch.undo()
+    assert node.hardware.list_mig_devices(node.uuid()) == []  # the MIG device is gone, its GPU instance not
+    assert len(node.state().gpus[0].gpu_instances) == 1
+
+    node.manager().unprepare_group("claim-1", result.state)  # the kubelet's retry, after the restart
+    gpu = node.state().gpus[0]
+    assert gpu.gpu_instances == [] and gpu.mig_current is False
+
+
+def test_start_up_destroys_a_gpu_instance_left_empty_by_a_crash(
+    node: SimNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same crash, and the claim was never checkpointed (or is gone): start-up finishes the job."""
+    device = dynamic(node, "2g.20gb", 4)
+    result = node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])
+    destroy_call = node.hardware._destroy_in_use_aware  # type: ignore[attr-defined]
+
+    def die_before_the_gpu_instance(what: str, function: str, *args: object) -> None:
+        if function == "nvmlGpuInstanceDestroy":
+            raise _Killed
+        destroy_call(what, function, *args)
+
+    monkeypatch.setattr(node.hardware, "_destroy_in_use_aware", die_before_the_gpu_instance)
+    with pytest.raises(_Killed):
+        node.manager().unprepare_group("claim-1", result.state)
+    monkeypatch.undo()
+    assert len(node.manager().destroy_unowned_mig(set())) == 1
+    gpu = node.state().gpus[0]
+    assert gpu.gpu_instances == [] and gpu.mig_current is False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -19,6 +20,7 @@ from sim_node import SimNode, pid_alive
 from dra_gpu.config.api import decode_opaque_config
 from dra_gpu.hardware.sim_tools.mps_records import pipe_dir_key
 from dra_gpu.hardware.types import ComputeMode
+from dra_gpu.sharing import mps as mps_module
 from dra_gpu.sharing.interface import GroupResult, SharingError
 from dra_gpu.sharing.manager import group_daemon_id
 
@@ -385,6 +387,63 @@ def test_a_daemon_that_cannot_be_restarted_is_reported(node: SimNode) -> None:
     assert gpus == [node.uuid()] and "broken driver" in error
     _replace_control_binary(node, original.removeprefix("#!/bin/sh\n"))
     manager.unprepare_group("claim-1", result.state)
+    assert node.leftovers() == []
+
+
+def test_a_restart_that_fails_after_the_daemon_started_leaves_no_daemon_running(
+    node: SimNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the soak (tests/soak): a killed daemon restarted on a full disk started, then saving its
+    record failed; the new daemon was left running in `stage/`, the next pass cleared `stage/` and started
+    another, and so on: one orphaned daemon per reconcile pass. A failed restart now stops what it started."""
+    manager = node.manager()
+    result = manager.prepare_group("claim-1", mps_config(), [node.alloc("gpu-0")])
+    os.kill(result.state["mpsDaemon"]["pid"], signal.SIGKILL)
+    time.sleep(0.05)
+    save = mps_module._save_record
+
+    def disk_full(record: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mps_module, "_save_record", disk_full)
+    report = manager.reconcile_mps([result.state])
+    assert list(report.failed) == [result.state["mpsDaemon"]["id"]]
+    assert node.running_daemons() == []  # the daemon it started is stopped, not orphaned
+    monkeypatch.setattr(mps_module, "_save_record", save)
+    assert manager.reconcile_mps([result.state]).restarted == [result.state["mpsDaemon"]["id"]]
+    assert len(node.running_daemons()) == 1
+    manager.unprepare_group("claim-1", result.state)
+    assert node.leftovers() == []
+
+
+class _Killed(BaseException):
+    """The plugin process dies here (nothing after it runs, no handler catches it)."""
+
+
+def test_a_restart_killed_after_launching_leaves_no_daemon_behind(
+    node: SimNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the soak (tests/soak): the plugin killed while the reconcile pass restarted a daemon (after
+    launching it, before it was put in place) left that daemon running in `stage/`; the next plugin's pass
+    cleared `stage/` and started another: the first one ran on, orphaned. It is stopped first now."""
+    manager = node.manager()
+    result = manager.prepare_group("claim-1", mps_config(), [node.alloc("gpu-0")])
+    os.kill(result.state["mpsDaemon"]["pid"], signal.SIGKILL)
+    time.sleep(0.05)
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(manager._mps, "_wait_ready", killed)
+    with pytest.raises(_Killed):
+        manager.reconcile_mps([result.state])
+    monkeypatch.undo()
+    assert len(node.running_daemons()) == 1  # launched in stage/, never placed
+
+    restarted = node.manager()  # the plugin again
+    assert restarted.reconcile_mps([result.state]).restarted == [result.state["mpsDaemon"]["id"]]
+    assert len(node.running_daemons()) == 1  # the new one only
+    restarted.unprepare_group("claim-1", result.state)
     assert node.leftovers() == []
 
 

@@ -1,0 +1,104 @@
+"""What the soak found, replayed at the soak's level (a fresh simulated node, the real plugin process, the
+invariants of tests/soak/invariants.py); each bug also has a focused test next to the code it fixed:
+
+1. An unprepare killed halfway left a PrepareCompleted checkpoint entry; a prepare then answered from it for
+   a claim whose time slice (or MPS daemon) was already undone.
+   -> tests/plugin/test_crash_recovery.py::test_prepare_after_an_unprepare_killed_halfway_prepares_again
+2. A killed MPS daemon restarted on a full plugin directory: the new daemon started, saving its record failed,
+   and it was left running unplaced; one more orphaned daemon every reconcile pass.
+   -> tests/sharing/test_mps.py::test_a_restart_that_fails_after_the_daemon_started_leaves_no_daemon_running
+3. A sharing-registry write that failed (disk full) left its partial temp file behind.
+   -> tests/sharing/test_registry.py::test_a_write_that_fails_leaves_no_temp_file
+4. Killed between NVML creating a MIG device and the registry naming it, the instance was nobody's: never
+   destroyed, its placement taken for every later claim.
+   -> tests/sharing/test_mig_lifecycle.py::test_an_instance_made_just_before_a_crash_is_destroyed_at_start_up
+5. Killed between destroying a MIG device's compute instance and its GPU instance, the replayed unprepare
+   (and start-up) took the device for gone: the empty GPU instance stayed, holding its placement.
+   -> tests/sharing/test_mig_lifecycle.py::
+      test_a_gpu_instance_left_empty_by_a_crash_is_destroyed_by_the_replayed_unprepare and
+      test_start_up_destroys_a_gpu_instance_left_empty_by_a_crash
+6. The plugin killed while its reconcile pass restarted a daemon (launched, not yet put in place): the next
+   plugin's pass cleared `stage/` and started another; the first one ran on, orphaned.
+   -> tests/sharing/test_mps.py::test_a_restart_killed_after_launching_leaves_no_daemon_behind
+7. On a full disk, start-up's read of the MIG devices it created (a registry update that wrote even when it
+   changed nothing) failed before any leftover was destroyed; the leftover stayed for good.
+   -> tests/sharing/test_registry.py::test_an_update_that_changes_nothing_writes_nothing
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.soak.driver import Step, run_node
+from tests.soak.kubelet_view import Phase, SoakClaim
+from tests.soak.machine import SoakEnvironment, SoakRun
+from tests.soak.profiles import PROFILES
+from tests.soak.stats import SoakStats
+
+pytestmark = pytest.mark.apiserver
+
+H100 = PROFILES["dgx-h100"]
+
+
+def kind(name: str) -> int:
+    return H100.kinds.index(name)
+
+
+def phase_of(claim: SoakClaim) -> Phase:
+    return claim.phase
+
+
+@pytest.mark.parametrize("claim_kind", ["time-slicing", "mps"])
+def test_a_prepare_after_an_unprepare_killed_halfway_gets_everything_its_answer_promises(
+    soak_env: SoakEnvironment, claim_kind: str
+) -> None:
+    run = SoakRun(H100, soak_env, SoakStats())
+    try:
+        run.allocate_claim(kind(claim_kind), 1)
+        run.start_pod(0)
+        run.arm_fault_point("unprepare-group-0", 0)  # its unprepare is killed after undoing the group
+        (claim,) = run.claims
+        assert claim.phase is Phase.IN_DOUBT
+        claim.retry = "prepare"  # a new pod of the claim: the kubelet prepares it
+        run.kubelet_retry(0)
+        assert phase_of(claim) is Phase.PREPARED
+        run.node_matches_claims()  # its time slice / MPS daemon are there again
+        run.teardown_checks()
+    finally:
+        run.close()
+
+
+def test_a_killed_mps_daemon_on_a_full_disk_leaves_no_daemon_running(soak_env: SoakEnvironment) -> None:
+    """Bug 2's scenario. How full the disk is decides which step of the restart fails, so here: nothing
+    runs while the disk is full, and once it has room the claim gets exactly one daemon again, its own."""
+    run = SoakRun(H100, soak_env, SoakStats())
+    try:
+        run.allocate_claim(kind("mps"), 1)
+        run.start_pod(0)
+        run.node_matches_claims()
+        run.fill_disk("checkpoint")
+        assert run.soak.kill_mps_daemon(0)
+        time.sleep(3)  # several reconcile passes (0.5 s apart), each failing to restart it
+        assert len(run.soak.live_daemons()) == 0
+        run.free_disk()
+        run.node_matches_claims()  # restarted within the settle time: one daemon, its own, with its limits
+        assert len(run.soak.live_daemons()) == 1
+        run.teardown_checks()
+    finally:
+        run.close()
+
+
+def test_soak_steps_replay(soak_env: SoakEnvironment) -> None:
+    """The form `make soak` prints a failure in (the shrunk steps, as JSON) replays as it was recorded."""
+    steps = [
+        Step("allocate_claim", {"kind": kind("mixed"), "draw": 7}),
+        Step("start_pod", {"pick": 0}),
+        Step("fill_disk", {"where": "cdi"}),
+        Step("kill_plugin_at_random", {"picks": [0], "delay_ms": 5}),
+        Step("free_disk"),
+        Step("kubelet_retry", {"pick": 0}),
+        Step("stop_pod", {"pick": 0}),
+    ]
+    assert run_node(H100, soak_env, SoakStats(), steps, None) == steps
