@@ -55,7 +55,9 @@ render() {
 render_all() {
     local dir="$1"
     mkdir -p "$dir"
-    render "$dir/dra-gpu.yaml" "for nodes with NVIDIA GPUs (webhook certificate from cert-manager)"
+    # cert-manager, not the chart's default (helm): without a cluster Helm would embed a new CA every render.
+    render "$dir/dra-gpu.yaml" "for nodes with NVIDIA GPUs (webhook certificate from cert-manager)" \
+        --set webhook.tls.mode=cert-manager
     render "$dir/dra-gpu-simulated-dgx-h100.yaml" "on a simulated DGX H100 node (no GPUs needed; no webhook)" \
         --set hardware=dgx-h100 --set webhook.enabled=false
 }

@@ -19,7 +19,6 @@ the same.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -30,12 +29,15 @@ import structlog
 
 from dra_gpu.cdi.nvidia_hooks import driver_hooks, driver_version_from_library
 from dra_gpu.cdi.spec_builder import READ_ONLY_BIND, CdiHook, DriverEdits, device_node
+from dra_gpu.hardware import driver_layout
 from dra_gpu.sharing.interface import CdiDeviceNode, CdiMount
 
 log = structlog.get_logger(__name__)
 
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib64")
+# NVIDIA's search directories (driver_layout), but not the root itself: a library found there would have no
+# place in a container's file system. `lib64/` and `bin/` are where GKE/COS keep the driver.
+LIBRARY_DIRS = tuple(f"/{d}" for d in driver_layout.LIBRARY_DIRS if d)
 # User-space driver libraries a CUDA / NVML / video workload loads (the soname the loader asks for).
 DRIVER_LIBRARIES = (
     "libnvidia-ml.so.1",
@@ -51,7 +53,7 @@ DRIVER_LIBRARIES = (
     "libnvcuvid.so.1",
     "libnvidia-opticalflow.so.1",
 )
-BINARY_DIRS = ("/usr/bin", "/usr/sbin", "/bin")
+BINARY_DIRS = tuple(f"/{d}" for d in driver_layout.BINARY_DIRS if d)
 DRIVER_BINARIES = (
     "nvidia-smi",
     "nvidia-debugdump",
@@ -83,19 +85,10 @@ def to_host_path(path: str, container_root: str, host_root: str) -> str:
 
 
 def _real_file(root: Path, path: str) -> str:
-    """The file a library path under the driver root resolves to, as a path inside the root: through the
-    soname link (`libcuda.so.1` -> `libcuda.so.570.133.20`) and through links into another directory,
-    relative or absolute (absolute ones are read inside the root). A host whose driver lives in
-    /usr/local/nvidia/lib64 with links in /usr/lib has it resolved there, as `nvidia-ctk cdi generate` does
-    (seen on an H100 host). The path itself when the chain does not end in a file."""
-    current = path
-    for _ in range(16):  # a link loop ends here
-        link = root / current.lstrip("/")
-        if not link.is_symlink():
-            break
-        target = os.readlink(link)
-        current = target if target.startswith("/") else os.path.normpath(f"{Path(current).parent}/{target}")
-    return current if (root / current.lstrip("/")).is_file() else path
+    """The file a library path under the driver root resolves to, as a path inside the root (links followed
+    inside the root: driver_layout.resolve_in_root). A host whose driver lives in /usr/local/nvidia/lib64 with
+    links in /usr/lib has it resolved there, as `nvidia-ctk cdi generate` does (seen on an H100 host)."""
+    return driver_layout.resolve_in_root(root, path)
 
 
 def discover_from_driver_root(
@@ -107,7 +100,10 @@ def discover_from_driver_root(
     `nvidia-ctk cdi generate` does."""
     host = host_driver_root or driver_root
     root = Path(driver_root)
-    nodes = tuple(device_node(host, p) for p in CONTROL_NODES if _exists(root, p))
+    # device nodes: under the driver root when it has dev/, else the node's /dev (NVIDIA's devRoot; GKE)
+    devs = Path(driver_layout.dev_root(driver_root))
+    host_devs = driver_layout.host_dev_root(driver_root, host)
+    nodes = tuple(device_node(host_devs, p) for p in CONTROL_NODES if _exists(devs, p))
     mounts: list[CdiMount] = []
     libraries: list[str] = []
     for names, dirs in ((DRIVER_LIBRARIES, LIBRARY_DIRS), (DRIVER_BINARIES, BINARY_DIRS)):
@@ -122,7 +118,9 @@ def discover_from_driver_root(
                     host_path = str(Path(host) / real.lstrip("/"))
                     mounts.append(CdiMount(host_path=host_path, container_path=path, options=READ_ONLY_BIND))
                     break
-    missing = [p for p in ("/dev/nvidiactl", "/usr/bin/nvidia-smi") if not _exists(root, p)]
+    missing = [p for p in ("/dev/nvidiactl",) if not _exists(devs, p)]
+    if driver_layout.find_binary(root, "nvidia-smi") is None:
+        missing.append("nvidia-smi (in " + ", ".join(BINARY_DIRS) + ")")
     if missing:
         log.warning("driver root lacks expected files", driver_root=driver_root, missing=missing)
     if not hook_path:
@@ -186,6 +184,8 @@ def discover_with_nvidia_ctk(
     gives the same driver-file edits; its device nodes are then cut to the control nodes (the per-GPU ones
     come from the claim)."""
     extra = [f"--nvidia-cdi-hook-path={hook_path}"] if hook_path else []
+    if driver_layout.dev_root(driver_root) != driver_root:
+        extra.append("--dev-root=/")  # no dev/ under the driver root (GKE): the node's /dev, as NVIDIA's
     with tempfile.TemporaryDirectory(prefix="dra-gpu-ctk-") as tmp:
         out = Path(tmp) / "nvidia.json"
         try:
@@ -246,6 +246,8 @@ def _capability_minor(path: Path) -> int:
 
 
 def mig_capability_minors(driver_root: str, parent_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
-    """Minors N of `/dev/nvidia-caps/nvidia-cap<N>` for the GPU instance and the compute instance."""
-    base = Path(driver_root) / "proc/driver/nvidia/capabilities" / f"gpu{parent_minor}" / "mig" / f"gi{gi_id}"
+    """Minors N of `/dev/nvidia-caps/nvidia-cap<N>` for the GPU instance and the compute instance, from
+    `proc/driver/nvidia/capabilities` under the driver root when it has one, else under /proc."""
+    caps = Path(driver_layout.proc_root(driver_root)) / "proc/driver/nvidia/capabilities"
+    base = caps / f"gpu{parent_minor}" / "mig" / f"gi{gi_id}"
     return _capability_minor(base / "access"), _capability_minor(base / f"ci{ci_id}" / "access")

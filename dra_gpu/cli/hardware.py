@@ -24,6 +24,7 @@ from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.loader import REAL, open_hardware
 from dra_gpu.hardware.nvml_hardware import NvmlHardware
 from dra_gpu.hardware.sim_driver_root import (
+    DRIVER_LAYOUTS,
     init_sim_driver_root,
     open_simulated_nvml,
     state_path,
@@ -95,6 +96,14 @@ def register(subparsers: Any) -> None:
         "--seed", default=None, help="seed for GPU UUIDs, e.g. the node name (default: the hardware name)"
     )
     p.add_argument("--force", action="store_true", help="start over from power-on state")
+    p.add_argument(
+        "--driver-layout",
+        choices=list(DRIVER_LAYOUTS),
+        default=None,
+        help="where the tools and libraries go: standard (usr/bin, usr/lib/x86_64-linux-gnu: a host install "
+        "or the GPU Operator's /run/nvidia/driver), rhel (usr/lib64), gke (bin, lib64: GKE/COS's "
+        "/home/kubernetes/bin/nvidia) (default: the root's own, else standard)",
+    )
     p.set_defaults(func=_init_sim)
 
     p = sub.add_parser("state", help="print the simulator state of a driver root")
@@ -210,8 +219,10 @@ def _fail(message: str) -> int:
 
 def _init_sim(args: argparse.Namespace) -> int:
     try:
-        state = init_sim_driver_root(args.driver_root, args.hardware, args.seed, force=args.force)
-    except (profiles.UnknownHardwareError, StateError, OSError) as err:
+        state = init_sim_driver_root(
+            args.driver_root, args.hardware, args.seed, force=args.force, driver_layout=args.driver_layout
+        )
+    except (profiles.UnknownHardwareError, StateError, OSError, ValueError) as err:
         return _fail(str(err))
     print(
         f"simulated driver root {args.driver_root}: {state.hardware}, {len(state.gpus)} GPU(s), "

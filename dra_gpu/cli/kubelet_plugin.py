@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import os
 import signal
@@ -111,6 +112,20 @@ def register(subparsers: Any) -> None:
         help="kubeconfig file; in-cluster config when unset [KUBECONFIG]",
     )
     p.add_argument(
+        "--kube-api-qps",
+        type=float,
+        default=_env_float("KUBE_API_QPS", 5.0),
+        help="requests per second to the Kubernetes API server, on average (client-go's QPS: 0 = its default "
+        "5, negative = no limit) [KUBE_API_QPS] (default: 5)",
+    )
+    p.add_argument(
+        "--kube-api-burst",
+        type=int,
+        default=_env_int("KUBE_API_BURST", 10),
+        help="requests to the Kubernetes API server allowed at once above --kube-api-qps (client-go's Burst: "
+        "0 = its default 10) [KUBE_API_BURST] (default: 10)",
+    )
+    p.add_argument(
         "--healthcheck-port",
         type=int,
         default=_env_int("HEALTHCHECK_PORT", -1),
@@ -179,6 +194,48 @@ def register(subparsers: Any) -> None:
         "--mps-daemon-mode=pod)",
     )
     p.add_argument(
+        "--mps-daemon-image-pull-policy",
+        default=_env("MPS_DAEMON_IMAGE_PULL_POLICY", ""),
+        help="imagePullPolicy of the MPS daemon pods: Always, IfNotPresent or Never (empty: the cluster's "
+        "default) [MPS_DAEMON_IMAGE_PULL_POLICY]",
+    )
+    p.add_argument(
+        "--mps-daemon-image-pull-secrets",
+        default=_env("MPS_DAEMON_IMAGE_PULL_SECRETS", ""),
+        help="comma-separated names of the Secrets the MPS daemon pods pull their image with "
+        "[MPS_DAEMON_IMAGE_PULL_SECRETS]",
+    )
+    p.add_argument(
+        "--mps-daemon-service-account",
+        default=_env("MPS_DAEMON_SERVICE_ACCOUNT", ""),
+        help="service account of the MPS daemon pods; no token is mounted either way (empty: the namespace's "
+        "default) [MPS_DAEMON_SERVICE_ACCOUNT]",
+    )
+    p.add_argument(
+        "--mps-daemon-priority-class",
+        default=_env("MPS_DAEMON_PRIORITY_CLASS", "system-node-critical"),
+        help="priorityClassName of the MPS daemon pods [MPS_DAEMON_PRIORITY_CLASS] "
+        "(default: system-node-critical)",
+    )
+    p.add_argument(
+        "--mps-daemon-tolerations",
+        default=_env("MPS_DAEMON_TOLERATIONS", "[]"),
+        help="JSON list of tolerations the MPS daemon pods get besides the node not-ready/unreachable ones "
+        "(the chart passes the plugin's own) [MPS_DAEMON_TOLERATIONS]",
+    )
+    p.add_argument(
+        "--mps-daemon-resources",
+        default=_env("MPS_DAEMON_RESOURCES", ""),
+        help='JSON resources of the MPS daemon container (default: {"requests": {"cpu": "10m", "memory": '
+        '"64Mi"}}) [MPS_DAEMON_RESOURCES]',
+    )
+    p.add_argument(
+        "--pod-name",
+        default=_env("POD_NAME"),
+        help="this plugin's own pod: its DaemonSet owns the MPS daemon pods, so that they outlive the "
+        "plugin's pods (rolling updates) but not its DaemonSet (helm uninstall) [POD_NAME]",
+    )
+    p.add_argument(
         "--mps-leave-compute-mode",
         action="store_true",
         default=(_env("MPS_LEAVE_COMPUTE_MODE", "") or "").lower() in ("1", "true", "yes"),
@@ -198,8 +255,20 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--feature-gates",
         default=_env("FEATURE_GATES", ""),
-        help="driver feature gates, NAME=true|false,...: DRAListTypeAttributes (publish list-typed "
-        "attributes as lists; only where the cluster has the Kubernetes gate of that name) [FEATURE_GATES]",
+        help="NVIDIA's driver feature gates, NAME=true|false,...: TimeSlicingSettings, MPSSupport, "
+        "DynamicMIG, NVMLDeviceHealthCheck, ConsumableShares (features on by default here; false turns "
+        "one off as in NVIDIA's driver), DRAListTypeAttributes (publish list-typed attributes as lists; "
+        "only where the cluster has the Kubernetes gate of that name); PassthroughSupport and the other "
+        "gates of features dra-gpu lacks are refused when true; NVIDIA's ComputeDomain and klog gates "
+        "have no effect (docs/differences-from-nvidia.md) [FEATURE_GATES]",
+    )
+    p.add_argument(
+        "-v",
+        "--log-verbosity",
+        type=int,
+        default=_env_int("LOG_VERBOSITY", 0),
+        help="NVIDIA's klog verbosity: 0-5 log at info level, 6 or more also at debug level (API requests, "
+        "gRPC calls) [LOG_VERBOSITY] (default: 0)",
     )
     p.add_argument(
         "--log-format",
@@ -210,8 +279,12 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def configure_logging(log_format: str) -> None:
+DEBUG_VERBOSITY = 6  # NVIDIA's level of request/response detail (its chart's logVerbosity comments)
+
+
+def configure_logging(log_format: str, verbosity: int = 0) -> None:
     json_logs = log_format == "json" or (log_format == "auto" and not sys.stdout.isatty())
+    level = logging.DEBUG if verbosity >= DEBUG_VERBOSITY else logging.INFO
     renderer: Any = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer()
     shared: list[Any] = [
         structlog.processors.add_log_level,
@@ -225,7 +298,7 @@ def configure_logging(log_format: str) -> None:
             structlog.processors.format_exc_info,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+        wrapper_class=structlog.make_filtering_bound_logger(level),
         # One write per line (PrintLogger's print writes the line and its newline apart, then flushes).
         logger_factory=structlog.WriteLoggerFactory(file=sys.stdout),
         cache_logger_on_first_use=True,
@@ -240,7 +313,41 @@ def configure_logging(log_format: str) -> None:
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
+    root.setLevel(level)
+
+
+def daemon_pod_settings(args: argparse.Namespace) -> Any:
+    """The MPS daemon pods' settings from the flags; ValueError naming the flag when one is malformed."""
+    from dra_gpu.sharing.mps_pods import DEFAULT_RESOURCES, NODE_LIFECYCLE_TOLERATIONS, DaemonPodSettings
+
+    def json_flag(flag: str, text: str, kind: type) -> Any:
+        try:
+            value = json.loads(text)
+        except ValueError as err:
+            raise ValueError(f"{flag}: not JSON ({err}): {text!r}") from None
+        if not isinstance(value, kind):
+            raise ValueError(f"{flag}: expected a JSON {kind.__name__}, got {text!r}")
+        return value
+
+    tolerations = json_flag("--mps-daemon-tolerations", args.mps_daemon_tolerations or "[]", list)
+    resources = (
+        json_flag("--mps-daemon-resources", args.mps_daemon_resources, dict)
+        if args.mps_daemon_resources
+        else DEFAULT_RESOURCES
+    )
+    return DaemonPodSettings(
+        image=args.mps_daemon_image or "",
+        image_pull_policy=args.mps_daemon_image_pull_policy or "",
+        image_pull_secrets=tuple(
+            n.strip() for n in (args.mps_daemon_image_pull_secrets or "").split(",") if n.strip()
+        ),
+        service_account=args.mps_daemon_service_account or "",
+        priority_class=args.mps_daemon_priority_class,
+        tolerations=(*NODE_LIFECYCLE_TOLERATIONS, *tolerations),
+        resources=resources,
+        # the simulator's tools keep their state in its driver root; real hardware's is only read
+        driver_root_read_only=args.hardware == "real",
+    )
 
 
 def _make_sharing_manager(
@@ -268,9 +375,10 @@ def _make_sharing_manager(
         api_client,
         namespace=args.namespace,
         node_name=args.node_name,
-        image=args.mps_daemon_image,
+        settings=daemon_pod_settings(args),
         host_driver_root=args.nvidia_driver_root,
         container_driver_root=hardware.driver_root(),
+        plugin_pod=args.pod_name,
     )
     # a pod takes longer to be ready than a process: scheduling is skipped, but the container still starts
     return HardwareSharingManager(
@@ -293,7 +401,7 @@ def _start_slice_publishing(
     from dra_gpu.cli.feature_gates import parse_feature_gates
     from dra_gpu.slices.slice_controller import SliceController
 
-    gates = parse_feature_gates(getattr(args, "feature_gates", ""))
+    gates = parse_feature_gates(args.feature_gates)
     controller = SliceController(
         api_client, DRIVER_NAME, args.node_name, model, list_type_attributes=gates["DRAListTypeAttributes"]
     )
@@ -302,19 +410,26 @@ def _start_slice_publishing(
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_format)
+    configure_logging(args.log_format, args.log_verbosity)
     if not args.node_name:
         print("dra-gpu kubelet-plugin: --node-name (or NODE_NAME) is required", file=sys.stderr)
         return 2
-    from dra_gpu.cli.feature_gates import parse_feature_gates
+    from dra_gpu.cli import feature_gates as fg
     from dra_gpu.inventory.consumable_shares import parse_consumable_shares
+    from dra_gpu.kube.rate_limit import TokenBucket
 
     try:
-        parse_feature_gates(args.feature_gates)
+        gates = fg.parse_feature_gates(args.feature_gates)
+        fg.check_consumable_shares(gates, args.consumable_shares)
         shares = parse_consumable_shares(args.consumable_shares)
+        api_limiter = TokenBucket(args.kube_api_qps, args.kube_api_burst)
     except ValueError as error:
         print(f"dra-gpu kubelet-plugin: {error}", file=sys.stderr)
         return 2
+    for note in fg.no_effect_notes(args.feature_gates):
+        log.warning(note)
+    if not gates[fg.NVML_DEVICE_HEALTH_CHECK]:
+        args.device_health_check = "false"  # NVIDIA's gate off: no health monitor, as the flag would say
     os.umask(0o022)  # CDI specs must stay readable by the runtime; our own files set 0600 explicitly
     from dra_gpu.kube.lazy_package import lazy_kubernetes
 
@@ -324,6 +439,7 @@ def run(args: argparse.Namespace) -> int:
     from dra_gpu.cdi.driver_discovery import discover_driver_edits
     from dra_gpu.cdi.spec_writer import CdiSpecWriter
     from dra_gpu.checkpoint.checkpoint_store import CheckpointError, CheckpointStore
+    from dra_gpu.hardware import driver_layout
     from dra_gpu.hardware.interface import HardwareError
     from dra_gpu.hardware.loader import open_hardware
     from dra_gpu.inventory.device_model import ModelOptions
@@ -351,6 +467,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--rediscovery-interval must be > 0 seconds, got {args.rediscovery_interval:g}")
         if args.mps_daemon_mode == "pod" and not args.mps_daemon_image:
             raise ValueError("--mps-daemon-mode=pod needs --mps-daemon-image (env MPS_DAEMON_IMAGE)")
+        if args.mps_daemon_mode == "pod":
+            daemon_pod_settings(args)  # malformed settings stop the start, not the first MPS claim
         if args.mps_reconcile_seconds <= 0:
             raise ValueError(
                 f"--mps-reconcile-seconds must be > 0 seconds, got {args.mps_reconcile_seconds:g}"
@@ -358,7 +476,9 @@ def run(args: argparse.Namespace) -> int:
         host_driver_root = args.nvidia_driver_root
         # Everything this process reads or runs comes from the container's view of the driver root.
         hardware = open_hardware(args.hardware, args.container_driver_root or host_driver_root)
-        inventory = DeviceInventory(hardware, ModelOptions(consumable_shares=shares))
+        inventory = DeviceInventory(
+            hardware, ModelOptions(consumable_shares=shares, dynamic_mig=gates[fg.DYNAMIC_MIG])
+        )
         # device taints from NVML health events (the view is the inventory's model plus those taints)
         health_view = start_device_health(args, hardware, inventory.model, paths.plugin_dir)
     except (HardwareError, SocketSetupError, ValueError) as exc:
@@ -374,7 +494,7 @@ def run(args: argparse.Namespace) -> int:
 
     metrics = PluginMetrics()
     # loaded by the warm-up thread once the sockets serve (or by whatever needs it first)
-    api_client = LazyApiClient(args.kubeconfig or None)
+    api_client = LazyApiClient(args.kubeconfig or None, api_limiter)
     paths.plugin_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
     try:
         hook_path = install_cdi_hook(args.nvidia_cdi_hook_path, paths.plugin_dir)
@@ -390,12 +510,13 @@ def run(args: argparse.Namespace) -> int:
         claims=KubeClaimReader(api_client),
         checkpoints=CheckpointStore(paths.plugin_dir),
         cdi=CdiSpecWriter(args.cdi_root),
-        sharing=sharing,
+        sharing=fg.FeatureGatedSharing(sharing, gates),  # TimeSlicingSettings / MPSSupport
         device_model=inventory.model,
         driver_edits=discover_driver_edits(
             container_driver_root, host_driver_root=host_driver_root, hook_path=hook_path
         ),
-        driver_root=host_driver_root,
+        # device nodes: under the driver root when it has dev/, else the node's /dev (driver_layout.dev_root)
+        driver_root=driver_layout.host_dev_root(container_driver_root, host_driver_root),
         container_driver_root=container_driver_root,
         metrics=metrics,
         faults=faults,

@@ -9,7 +9,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from dra_gpu.webhook.server import VALIDATE_PATH, TlsFiles, WebhookServer
+from dra_gpu.webhook.server import REQUEST_TIMEOUT_S, VALIDATE_PATH, WORKERS, TlsFiles, WebhookServer
 
 
 def register(subparsers: Any) -> None:
@@ -23,13 +23,44 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tls-private-key-file", required=True, help="PEM private key of the certificate")
     parser.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
     parser.add_argument("--bind-address", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=WORKERS,
+        help=f"connections served at once, one thread each (default {WORKERS}); more wait in a bounded queue",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=_positive_float,
+        default=REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"a TLS handshake or request not done within this is cut off (default {REQUEST_TIMEOUT_S:g})",
+    )
     parser.set_defaults(func=run)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     tls = TlsFiles(args.tls_cert_file, args.tls_private_key_file)
     try:
-        server = WebhookServer(args.bind_address, args.port, tls)
+        server = WebhookServer(
+            args.bind_address, args.port, tls, workers=args.workers, request_timeout_s=args.request_timeout
+        )
     except (OSError, ValueError) as err:
         print(f"dra-gpu webhook: cannot start: {err}", file=sys.stderr)
         return 1

@@ -1,10 +1,10 @@
 """Discovery fidelity check: what NvmlHardware discovers versus what `nvidia-smi` reports. Read-only.
 
 On a GPU machine: `python -m dra_gpu.hardware.compare_nvidia_smi --hardware real --nvidia-driver-root /`. It
-runs `<driver root>/usr/bin/nvidia-smi -q -x` (and `mig -lgipp` for GPUs in MIG mode), discovers the GPUs
-through NVML as the plugin does, and prints one line per compared field; the exit code is 1 when anything
-differs. Nothing is changed on the machine. With a simulator profile it checks the simulator against its own
-fake `nvidia-smi`.
+runs the driver root's `nvidia-smi -q -x` (usr/bin, or bin/ on GKE; and `mig -lgipp` for GPUs in MIG
+mode), discovers the GPUs through NVML as the plugin does, and prints one line per compared field; the exit
+code is 1 when anything differs. Nothing is changed on the machine. With a simulator profile it checks the
+simulator against its own fake `nvidia-smi`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dra_gpu.hardware import driver_layout
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.loader import REAL, open_hardware
 from dra_gpu.hardware.types import ComputeMode, DiscoveryResult, GpuInfo, normalize_bus_id
@@ -46,12 +47,15 @@ class Check:
 
 
 def _smi_path(driver_root: str) -> str:
-    candidate = os.path.join(driver_root, "usr", "bin", "nvidia-smi")
+    candidate = driver_layout.binary_path(driver_root, "nvidia-smi")
     if os.access(candidate, os.X_OK):
         return candidate
     found = shutil.which("nvidia-smi")
     if found is None:
-        raise HardwareError(f"nvidia-smi not found under {driver_root}/usr/bin nor on PATH")
+        raise HardwareError(
+            f"nvidia-smi not found under {driver_root} (in {', '.join(driver_layout.BINARY_DIRS[1:])}) nor "
+            "on PATH"
+        )
     return found
 
 

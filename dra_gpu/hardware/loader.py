@@ -19,7 +19,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from dra_gpu.hardware import profiles
+from dra_gpu.hardware import driver_layout, profiles
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.nvml_hardware import NvmlHardware
 from dra_gpu.hardware.sim_driver_root import init_sim_driver_root, open_simulated_nvml, state_path
@@ -28,14 +28,6 @@ from dra_gpu.hardware.simulator.state import StateError, StateStore
 REAL = "real"
 PREPARED_SIMULATOR = "simulated"
 LIBRARY_NAME = "libnvidia-ml.so.1"
-LIBRARY_DIRS = (
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib64",
-    "usr/lib/aarch64-linux-gnu",
-    "usr/lib",
-    "lib64",
-    "lib",
-)
 
 
 def known_hardware() -> list[str]:
@@ -44,9 +36,9 @@ def known_hardware() -> list[str]:
 
 DRIVER_ROOT_FLAGS_HINT = (
     "set --nvidia-driver-root to where the driver is installed on the host ('/' for a host install, "
-    "'/run/nvidia/driver' for the GPU operator) and, when this process sees that directory at another path "
-    "(a mount in its container, e.g. /driver-root), --container-driver-root (env CONTAINER_DRIVER_ROOT) to "
-    "that path"
+    "'/run/nvidia/driver' for the GPU operator, '/home/kubernetes/bin/nvidia' on GKE/COS) and, when this "
+    "process sees that directory at another path (a mount in its container, e.g. /driver-root), "
+    "--container-driver-root (env CONTAINER_DRIVER_ROOT) to that path"
 )
 
 
@@ -56,10 +48,10 @@ def find_nvml_library(driver_root: str) -> Path:
         raise HardwareError(
             f"NVIDIA driver root {driver_root!r} is not a readable directory: {DRIVER_ROOT_FLAGS_HINT}"
         )
-    candidates = [root / d / LIBRARY_NAME for d in LIBRARY_DIRS]
-    for path in candidates:
-        if path.exists():
-            return path
+    found = driver_layout.find_library(root, LIBRARY_NAME)
+    if found is not None:
+        return root / found.lstrip("/")
+    candidates = [root / d / LIBRARY_NAME for d in driver_layout.LIBRARY_DIRS]
     raise HardwareError(
         f"{LIBRARY_NAME} not found under NVIDIA driver root {driver_root!r} (looked in "
         f"{', '.join(str(c) for c in candidates)}): is the NVIDIA driver installed there? "

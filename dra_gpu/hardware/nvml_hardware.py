@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from dra_gpu.hardware import driver_layout
 from dra_gpu.hardware.interface import HardwareError
 from dra_gpu.hardware.types import (
     ComputeMode,
@@ -564,7 +565,7 @@ class NvmlHardware:
             raise HardwareError(
                 f"GPU {gpu_uuid}: time-slice interval {interval} is not 0 (Default) .. 3 (Long)"
             )
-        smi = os.path.join(self._driver_root, "usr", "bin", "nvidia-smi")
+        smi = driver_layout.binary_path(self._driver_root, "nvidia-smi")  # usr/bin, or bin/ on GKE
         for action, args in (
             ("set the compute mode to DEFAULT", ["-i", gpu_uuid, "-c", "DEFAULT"]),
             (

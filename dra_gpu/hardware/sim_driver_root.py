@@ -6,6 +6,9 @@ Layout (what the plugin, CDI discovery and the sharing code look for under a rea
   default of `DRA_GPU_SIM_MPS_PID_FILE`).
 - `usr/lib/x86_64-linux-gnu/`: placeholder driver libraries (`libnvidia-ml.so.<version>` + soname links
   `.so.1`, `libnvidia-nvvm.so.4`, ...).
+  Those two directories are the `standard` driver layout (a host install, the GPU Operator's driver
+  container); `driver_layout="rhel"` puts the libraries in `usr/lib64/`, `driver_layout="gke"` puts tools
+  and libraries in `bin/` and `lib64/` directly under the root, as GKE/COS's `/home/kubernetes/bin/nvidia`.
 - `dev/nvidia<minor>`, `dev/nvidiactl`, `dev/nvidia-uvm`, `dev/nvidia-uvm-tools`,
   `dev/nvidia-caps/nvidia-cap<N>`:
   character devices with /dev/null's numbers (1, 3), so a container given them opens something harmless;
@@ -35,7 +38,14 @@ from dra_gpu.hardware.simulator.nvml import SimulatedNvml
 from dra_gpu.hardware.simulator.state import SimState, StateStore
 
 STATE_RELATIVE_PATH = "var/lib/nvml-sim/state.json"
-LIB_DIR = "usr/lib/x86_64-linux-gnu"
+# Driver layouts the simulator can lay out: name -> (tools directory, libraries directory) under the root.
+DRIVER_LAYOUTS: dict[str, tuple[str, str]] = {
+    "standard": ("usr/bin", "usr/lib/x86_64-linux-gnu"),
+    "rhel": ("usr/bin", "usr/lib64"),
+    "gke": ("bin", "lib64"),
+}
+DEFAULT_DRIVER_LAYOUT = "standard"
+LIB_DIR = DRIVER_LAYOUTS[DEFAULT_DRIVER_LAYOUT][1]
 TOOLS = {"nvidia-smi": "nvidia_smi", "nvidia-cuda-mps-control": "mps_control"}
 # Library name and the soname suffix of the real driver's file (libnvidia-nvvm is at .so.4), so that our
 # discovery (by soname) and nvidia-ctk's (by versioned file) find the same files here.
@@ -119,8 +129,17 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def _write_shim(root: Path, tool: str, module: str, env_defaults: dict[str, str]) -> None:
-    shim = root / "usr" / "bin" / tool
+def existing_driver_layout(driver_root: str | os.PathLike[str]) -> str | None:
+    """The layout a simulated driver root was made with (where its nvidia-smi shim and libnvidia-ml are)."""
+    root = Path(driver_root)
+    for name, (tools, libs) in DRIVER_LAYOUTS.items():
+        if (root / tools / "nvidia-smi").is_file() and (root / libs / "libnvidia-ml.so.1").exists():
+            return name
+    return None
+
+
+def _write_shim(root: Path, tools_dir: str, tool: str, module: str, env_defaults: dict[str, str]) -> None:
+    shim = root / tools_dir / tool
     shim.parent.mkdir(parents=True, exist_ok=True)
     defaults = "".join(
         f'{name}="${{{name}:-{shlex.quote(value)}}}"\nexport {name}\n' for name, value in env_defaults.items()
@@ -137,8 +156,17 @@ def _write_shim(root: Path, tool: str, module: str, env_defaults: dict[str, str]
     shim.chmod(0o755)
 
 
-def _write_libraries(root: Path, driver_version: str) -> None:
-    lib_dir = root / LIB_DIR
+def _remove_driver_files(root: Path, layout_name: str) -> None:
+    tools_dir, libs_dir = DRIVER_LAYOUTS[layout_name]
+    for tool in TOOLS:
+        (root / tools_dir / tool).unlink(missing_ok=True)
+    for name, _soname in _LIBRARIES:
+        for path in (root / libs_dir).glob(f"{name}.*"):
+            path.unlink()
+
+
+def _write_libraries(root: Path, libs_dir: str, driver_version: str) -> None:
+    lib_dir = root / libs_dir
     lib_dir.mkdir(parents=True, exist_ok=True)
     for name, soname in _LIBRARIES:
         real = lib_dir / f"{name}.{driver_version}"
@@ -233,14 +261,30 @@ def init_sim_driver_root(
     *,
     force: bool = False,
     mps_pid_file: bool | None = None,
+    driver_layout: str | None = None,
 ) -> SimState:
     """Create (or complete) a simulated driver root for `hardware`. Idempotent; keeps an existing state file
     for the same hardware unless `force`. `seed` (default: the existing state's seed, else the hardware name)
     makes the GPU UUIDs; use the node name so every simulated node has its own UUIDs. `mps_pid_file=False`
     models a driver whose MPS control daemon writes no pid file (default: DRA_GPU_SIM_MPS_PID_FILE, else
-    yes, as driver 580 does)."""
+    yes, as driver 580 does). `driver_layout` (DRIVER_LAYOUTS; default: the one the root already has, else
+    `standard`) says where the tools and libraries go."""
     root = Path(driver_root)
     profiles.resolve_layout(hardware)  # unknown names fail before anything is written
+    if driver_layout is not None and driver_layout not in DRIVER_LAYOUTS:
+        raise ValueError(
+            f"unknown driver layout {driver_layout!r}; known: {', '.join(DRIVER_LAYOUTS)} (standard: "
+            "usr/bin and usr/lib/x86_64-linux-gnu, rhel: usr/lib64, gke: bin and lib64 as on GKE/COS)"
+        )
+    have = existing_driver_layout(root)
+    if driver_layout is not None and have is not None and have != driver_layout and not force:
+        raise ValueError(
+            f"simulated driver root {str(root)!r} has the {have!r} driver layout, not {driver_layout!r}: "
+            "use another directory or --force"
+        )
+    if driver_layout is not None and have is not None and have != driver_layout:
+        _remove_driver_files(root, have)  # --force into another layout: one layout per root
+    tools_dir, libs_dir = DRIVER_LAYOUTS[driver_layout or have or DEFAULT_DRIVER_LAYOUT]
     store = StateStore(state_path(root))
     if force:
         shutil.rmtree(root / "proc" / "driver" / "nvidia" / "capabilities", ignore_errors=True)
@@ -260,8 +304,8 @@ def init_sim_driver_root(
         pid_file_default = "1" if mps_pid_file else "0"
     shim_env = {PID_FILE_ENV: pid_file_default}
     for tool, module in TOOLS.items():
-        _write_shim(root, tool, module, shim_env if module == "mps_control" else {})
-    _write_libraries(root, layout.driver_version)
+        _write_shim(root, tools_dir, tool, module, shim_env if module == "mps_control" else {})
+    _write_libraries(root, libs_dir, layout.driver_version)
     _write_sysfs(root, gpus)
     for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", *(f"nvidia{g.minor}" for g in gpus)):
         _make_device_node(root / "dev" / name)

@@ -17,6 +17,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dra_gpu.kube.rate_limit import TokenBucket
+
 # Kubeconfig entries we read ourselves; any other key (exec plugins, OIDC/cloud auth providers, basic auth,
 # token files, proxies) sends the kubeconfig to `kubernetes.config.kube_config`.
 _SIMPLE_CLUSTER_KEYS = frozenset(
@@ -34,8 +36,23 @@ _SIMPLE_USER_KEYS = frozenset(
 )
 
 
-def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """An ApiClient from `kubeconfig` (a path), else $KUBECONFIG, else the in-cluster service account."""
+def _rate_limited(api_client: client.ApiClient, limiter: TokenBucket) -> client.ApiClient:
+    """`api_client` with every request (typed calls, `request`, watch starts) taking a token of `limiter`
+    first: `call_api` is where the generated client sends each one. Wrapped on the instance, not subclassed,
+    so importing this module still loads nothing of the client's request layer."""
+    send = api_client.call_api
+
+    def call_api(*args: Any, **kwargs: Any) -> Any:
+        limiter.take()
+        return send(*args, **kwargs)
+
+    api_client.call_api = call_api  # type: ignore[method-assign]
+    return api_client
+
+
+def load_api_client(kubeconfig: str | None = None, limiter: TokenBucket | None = None) -> client.ApiClient:
+    """An ApiClient from `kubeconfig` (a path), else $KUBECONFIG, else the in-cluster service account; with
+    `limiter`, one that keeps to its rate (`--kube-api-qps`, `--kube-api-burst`)."""
     path = kubeconfig or os.environ.get("KUBECONFIG")
     configuration = client.Configuration()
     if path:
@@ -49,26 +66,30 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
         from kubernetes.config.incluster_config import load_incluster_config
 
         load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    if limiter is not None and not limiter.unlimited:
+        return _rate_limited(client.ApiClient(configuration), limiter)
     return client.ApiClient(configuration)
 
 
 class LazyApiClient:
-    """An ApiClient that loads on first use: `load_api_client(kubeconfig)` then, once, under a lock; every
-    attribute is the loaded client's, so the typed API classes and `request_json` take it as an ApiClient.
+    """An ApiClient that loads on first use: `load_api_client(kubeconfig, limiter)` then, once, under a lock;
+    every attribute is the loaded client's, so the typed API classes and `request_json` take it as an
+    ApiClient.
 
     The kubelet plugin makes one so that its registration socket does not wait for the client's imports
     (urllib3, dateutil, the generated configuration: ~0.1-0.2 s); its warm-up thread calls `ensure_loaded`
     right after the sockets serve, and a kubeconfig that cannot be loaded stops the plugin then."""
 
-    def __init__(self, kubeconfig: str | None = None) -> None:
+    def __init__(self, kubeconfig: str | None = None, limiter: TokenBucket | None = None) -> None:
         self._kubeconfig = kubeconfig
+        self._limiter = limiter
         self._client: client.ApiClient | None = None
         self._lock = threading.Lock()
 
     def loaded(self) -> client.ApiClient:
         with self._lock:
             if self._client is None:
-                self._client = load_api_client(self._kubeconfig)
+                self._client = load_api_client(self._kubeconfig, self._limiter)
             return self._client
 
     def __getattr__(self, name: str) -> Any:  # only for names this class lacks: the ApiClient's

@@ -1,6 +1,6 @@
 """MPS: control daemons started by the plugin, their limits, and the container edits that connect to them.
 
-A daemon is a real, detached process: `<driver root>/usr/bin/nvidia-cuda-mps-control -d` with
+A daemon is a real, detached process: the driver root's `nvidia-cuda-mps-control -d` (driver_layout) with
 `CUDA_VISIBLE_DEVICES` (the UUIDs it serves), run in a private mount namespace where its host directories
 `<plugin dir>/mps/<id>/stage` and `.../log` are /tmp/nvidia-mps and /var/log/nvidia-mps (mps_namespace.py: the
 real tool refuses a long pipe directory). Once it holds its limits, `stage` becomes `<id>/clients/pipe`, the
@@ -50,6 +50,7 @@ from typing import Any
 import structlog
 
 from dra_gpu.config.quantity import format_mib
+from dra_gpu.hardware import driver_layout
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
 from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.interface import CdiEdits, CdiMount, SharingError
@@ -66,7 +67,7 @@ from dra_gpu.sharing.tmpfs import mount_tmpfs, unmount
 
 log = structlog.get_logger(__name__)
 
-CONTROL_BINARY = "usr/bin/nvidia-cuda-mps-control"
+CONTROL_BINARY_NAME = "nvidia-cuda-mps-control"  # found under the driver root by driver_layout
 LEGACY_CONTAINER_PIPE_DIR = "/tmp/nvidia-mps"  # records of layout 1 (before staging) mount the pipe here
 LAYOUT = 2  # record["layout"]: 2 = stage/ and clients/pipe; absent = 1 (the pipe directory itself mounted)
 CONTAINER_SHM_DIR = "/dev/shm"
@@ -80,7 +81,6 @@ _MEMORY_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([MG])B?$")
 RECORD_FILE = "record.json"
 DEFAULT_SHM_SIZE = "65536k"  # NVIDIA's fallback when MemTotal cannot be read
 SHM_OPTIONS = "rw,nosuid,nodev,noexec,relatime"
-LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib/aarch64-linux-gnu", "usr/lib")
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ class MpsDaemons:
 
     def start(self, spec: DaemonSpec) -> dict[str, Any]:
         """Start and configure a daemon; all or nothing. Returns its record (JSON) for `stop`."""
-        binary = Path(self._hardware.driver_root()) / CONTROL_BINARY
+        binary = driver_layout.binary_path(self._hardware.driver_root(), CONTROL_BINARY_NAME)
         if not os.access(binary, os.X_OK):
             raise SharingError(
                 f"cannot start MPS for {', '.join(spec.visible_uuids)}: {binary} is missing or not "
@@ -459,10 +459,12 @@ class MpsDaemons:
         # the daemon's view (mps_namespace.py): its host directories are bound at these short paths
         env["CUDA_MPS_PIPE_DIRECTORY"] = DAEMON_PIPE_DIR
         env["CUDA_MPS_LOG_DIRECTORY"] = DAEMON_LOG_DIR
-        libs = [os.path.join(root, d) for d in LIB_DIRS if os.path.isdir(os.path.join(root, d))]
+        libs = driver_layout.library_dirs(root)  # NVIDIA's search directories, e.g. lib64/ on GKE
         if libs:
             env["LD_LIBRARY_PATH"] = ":".join([*libs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
-        env["PATH"] = os.path.join(root, "usr", "bin") + os.pathsep + env.get("PATH", "/usr/bin:/bin")
+        # the control daemon starts nvidia-cuda-mps-server from its own directory (usr/bin, or bin/ on GKE)
+        tools = os.path.dirname(driver_layout.binary_path(root, CONTROL_BINARY_NAME))
+        env["PATH"] = tools + os.pathsep + env.get("PATH", "/usr/bin:/bin")
         return env
 
     def _run(
@@ -480,7 +482,7 @@ class MpsDaemons:
         `control_dir`) is /tmp/nvidia-mps. A daemon serves one control session at a time and refuses a second
         at once (BUSY: the daemon pod's entrypoint, an admin's session); a command session is tried again
         until `timeout_s` has passed."""
-        binary = os.path.join(self._hardware.driver_root(), CONTROL_BINARY)
+        binary = driver_layout.binary_path(self._hardware.driver_root(), CONTROL_BINARY_NAME)
         argv = in_daemon_view(at or control_dir(record), record["logDir"], [binary, *args])
         deadline = time.monotonic() + timeout_s
         delay = 0.02
@@ -594,6 +596,11 @@ class MpsDaemons:
         root = Path(record["dir"])
         staged = record.get("layout") == LAYOUT
         if staged:
+            if self._pods is None and Path(record["stageDir"]).is_dir():
+                # A restart cut short (the plugin killed after launching; the saved record names that daemon)
+                # left its daemon running here, unplaced: clearing `stage/` would orphan it (found by the
+                # soak, tests/soak). Stop it first.
+                self._stop_unplaced(self.latest(record), record["stageDir"])
             shutil.rmtree(record["stageDir"], ignore_errors=True)  # what a dead daemon may have left there
         for name in ("clients", "stage", "log", "shm") if staged else ("pipe", "log", "shm"):
             (root / name).mkdir(parents=True, exist_ok=True)
@@ -601,14 +608,34 @@ class MpsDaemons:
             record["shmMounted"] = self._mount_tmpfs(root / "shm")
         for uuid in record.get("computeModes", {}):
             self._hardware.set_compute_mode(uuid, ComputeMode.EXCLUSIVE_PROCESS)
-        self._launch(record)
-        self._faults("mps-daemon-started")
-        if staged:
-            self._wait_ready(record, limit_commands(record), at=record["stageDir"])
-            place(Path(record["stageDir"]), Path(record["pipeDir"]))
-        else:
-            self._wait_ready(record, limit_commands(record))
+        try:
+            self._launch(record)
+            self._faults("mps-daemon-started")
+            if staged:
+                self._wait_ready(record, limit_commands(record), at=record["stageDir"])
+                place(Path(record["stageDir"]), Path(record["pipeDir"]))
+            else:
+                self._wait_ready(record, limit_commands(record))
+        except (SharingError, HardwareError, OSError):
+            # The daemon may already run (e.g. its record could not be saved: a full disk). Left running it is
+            # orphaned: the next reconcile pass clears `stage/` and starts another, one leaked daemon per pass
+            # (found by the soak, tests/soak). Stop it; the next pass tries again from scratch. (A daemon pod
+            # is found by its UID and its container restarted by the kubelet: that path keeps its own course.)
+            if self._pods is None:
+                self._stop_unplaced(record, record["stageDir"] if staged else record["pipeDir"])
+            raise
         log.info("MPS daemon restarted", id=record["id"], pid=record["pid"])
+
+    def _stop_unplaced(self, record: Mapping[str, Any], where: str) -> None:
+        """Stop a daemon that `restart` started at `where` and could not finish: `quit` on its pipe, then
+        its recorded process (pid and start time: never another process) if it is still there."""
+        with contextlib.suppress(SharingError, OSError):
+            self.command(record, "quit", timeout_s=self._stop_timeout_s, at=where)
+        pid, start_time = record.get("pid"), record.get("startTime")
+        if pid is not None and not _wait_gone(pid, start_time, self._stop_timeout_s):
+            with contextlib.suppress(ProcessLookupError):
+                if same_process(pid, start_time):
+                    os.kill(pid, signal.SIGKILL)
 
     def place_staged(self, record: Mapping[str, Any]) -> bool:
         """A daemon pod's container restarted by the kubelet starts its daemon in `stage/` (its hostPath):

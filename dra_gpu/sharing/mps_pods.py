@@ -18,19 +18,29 @@ since (another attempt, another plugin) is never deleted by mistake. The contain
 /var/log/nvidia-mps (the real tool refuses long pipe paths; the plugin puts `stage` where the workloads' CDI
 mounts look once the daemon holds its limits) and the claim's shm tmpfs at /dev/shm; a preStop hook sends
 `quit` so the daemon stops its servers cleanly when the pod is deleted.
+
+What the pod may do is kept to what the daemon needs (`DaemonPodSettings`; the chart's admission policy
+templates/mps-daemon-pod-policy.yaml refuses any other shape from the plugin): the driver root read-only on
+real hardware, a service account of its own with no token mounted (the daemon never talks to the API server),
+resource requests and `system-node-critical` (a BestEffort daemon would be the first pod evicted under memory
+pressure, taking every client of the daemon with it), and only the tolerations it needs (see
+NODE_LIFECYCLE_TOLERATIONS). Its owner is the plugin's DaemonSet, not the plugin pod: a rolling update of
+the plugin replaces pods, never the DaemonSet object, so the daemons outlive it, while deleting the DaemonSet
+(`helm uninstall`) lets the garbage collector delete them too. The reference is not a controller reference:
+the DaemonSet controller releases pods it controls that its selector does not match.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from dra_gpu.hardware import driver_layout
 from dra_gpu.sharing.interface import SharingError
 from dra_gpu.sharing.mps_namespace import DAEMON_LOG_DIR, DAEMON_PIPE_DIR
 
@@ -78,6 +88,60 @@ wait "$daemon"
 """
 
 
+# A daemon pod is bound to its node (spec.nodeName): the scheduler never sees it, and the kubelet admits it
+# whatever NoSchedule taints the node has, so only NoExecute taints matter. The node lifecycle ones are those
+# a DaemonSet's pods tolerate for ever: without them the taint eviction controller deletes the daemon five
+# minutes into a NotReady or unreachable spell of its node (the default tolerationSeconds), while the clients
+# it serves keep running there. The driver's own health taints (ECC errors, XIDs) are device taints in the
+# ResourceSlices: they apply to pods whose claims use the device, and a daemon pod has no claim, so it keeps
+# running beside a tainted GPU as it must. Other NoExecute taints of GPU nodes are the ones the plugin itself
+# tolerates, which the chart passes on (--mps-daemon-tolerations).
+NODE_LIFECYCLE_TOLERATIONS: tuple[dict[str, str], ...] = (
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+)
+# Requests only: a memory limit would let the kernel kill the daemon (and so every client's server) for a
+# burst of MPS server memory; the requests keep the pod out of BestEffort.
+DEFAULT_RESOURCES: dict[str, Any] = {"requests": {"cpu": "10m", "memory": "64Mi"}}
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+@dataclass(frozen=True)
+class DaemonPodSettings:
+    """How the daemon pods are made, beyond what each daemon's record says (the chart's values)."""
+
+    image: str
+    image_pull_policy: str = ""  # empty: the API server's default for the image's tag
+    image_pull_secrets: tuple[str, ...] = ()
+    service_account: str = ""  # empty: the namespace's default account (still with no token mounted)
+    priority_class: str = "system-node-critical"
+    tolerations: tuple[Mapping[str, Any], ...] = NODE_LIFECYCLE_TOLERATIONS
+    resources: Mapping[str, Any] = field(default_factory=lambda: dict(DEFAULT_RESOURCES))
+    driver_root_read_only: bool = True  # False only for the simulator, whose tools keep state there
+
+    def __post_init__(self) -> None:
+        if not self.image:
+            raise ValueError("--mps-daemon-image: an image is required for MPS daemon pods")
+        if self.image_pull_policy and self.image_pull_policy not in PULL_POLICIES:
+            raise ValueError(
+                f"--mps-daemon-image-pull-policy: {self.image_pull_policy!r} is not one of "
+                f"{', '.join(PULL_POLICIES)} (or empty for the cluster's default)"
+            )
+        for i, toleration in enumerate(self.tolerations):
+            if not isinstance(toleration, Mapping) or not set(toleration) <= {
+                "key", "operator", "value", "effect", "tolerationSeconds",
+            }:  # fmt: skip
+                raise ValueError(
+                    f"--mps-daemon-tolerations[{i}]: {toleration!r} is not a toleration "
+                    "(key, operator, value, effect, tolerationSeconds)"
+                )
+        if not isinstance(self.resources, Mapping) or not set(self.resources) <= {"requests", "limits"}:
+            raise ValueError(
+                f"--mps-daemon-resources: {self.resources!r} is not a ResourceRequirements object "
+                '(e.g. {"requests": {"cpu": "10m", "memory": "64Mi"}})'
+            )
+
+
 @dataclass(frozen=True)
 class PodObservation:
     restarts: int | None  # the daemon container's restartCount; None before the pod has a status
@@ -102,23 +166,62 @@ class PodLauncher:
         *,
         namespace: str,
         node_name: str,
-        image: str,
+        settings: DaemonPodSettings,
         host_driver_root: str,
         container_driver_root: str,
+        plugin_pod: str | None = None,
         delete_timeout_s: float = 30.0,
     ) -> None:
+        """`plugin_pod`: the name of the plugin's own pod, whose DaemonSet becomes the daemon pods' owner;
+        None (a plugin not run by a DaemonSet) leaves them without one."""
         self.api_client = api_client
         self.namespace = namespace
         self.node_name = node_name
-        self.image = image
+        self.settings = settings
+        self.image = settings.image
         self.host_driver_root = host_driver_root
         self.container_driver_root = container_driver_root
+        self.plugin_pod = plugin_pod
         self.delete_timeout_s = delete_timeout_s
+        self._owner: dict[str, Any] | None = None
+        self._owner_known = plugin_pod is None
+
+    def owner_reference(self) -> dict[str, Any] | None:
+        """The plugin pod's DaemonSet as an owner reference (read once from the plugin's pod), or None when
+        the plugin pod has no DaemonSet. The UID must be the real one: the garbage collector deletes a
+        dependent whose owner UID does not exist."""
+        if not self._owner_known:
+            assert self.plugin_pod is not None
+            pod = self.get(self.plugin_pod)
+            if pod is None:
+                raise SharingError(
+                    f"the plugin's own pod {self.namespace}/{self.plugin_pod} (--pod-name, env POD_NAME) "
+                    "does not exist: cannot make its DaemonSet the owner of MPS daemon pods"
+                )
+            owners = pod["metadata"].get("ownerReferences") or []
+            daemonset = next(
+                (o for o in owners if o.get("kind") == "DaemonSet" and o.get("controller")), None
+            )
+            if daemonset is None:
+                log.warning(
+                    "the plugin pod has no DaemonSet: MPS daemon pods get no owner", pod=self.plugin_pod
+                )
+            else:
+                self._owner = {
+                    "apiVersion": daemonset["apiVersion"],
+                    "kind": "DaemonSet",
+                    "name": daemonset["name"],
+                    "uid": daemonset["uid"],
+                }
+            self._owner_known = True
+        return self._owner
 
     # ---- the pod ----
 
     def manifest(self, record: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-        binary = os.path.join(self.container_driver_root, "usr", "bin", "nvidia-cuda-mps-control")
+        # Found as the plugin finds it (NVIDIA's search order: usr/bin, or bin/ on GKE/COS); the daemon pod
+        # mounts the driver root at the same path as the plugin's container.
+        binary = driver_layout.binary_path(self.container_driver_root, "nvidia-cuda-mps-control")
         command = ["sh", "-c", ENTRYPOINT, binary, *(["-M"] if record.get("multiUser") else [])]
         keep = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", LIMITS_ENV,
@@ -130,6 +233,7 @@ class PodLauncher:
             pipe, logs = (record["stageDir"], DAEMON_PIPE_DIR), (record["logDir"], DAEMON_LOG_DIR)
         else:  # a record from before staging: the pipe directory at its host path
             pipe, logs = (record["pipeDir"], record["pipeDir"]), (record["logDir"], record["logDir"])
+        settings = self.settings
         volumes = [
             ("driver-root", self.host_driver_root, self.container_driver_root, None),
             ("pipe", *pipe, None),
@@ -137,35 +241,55 @@ class PodLauncher:
             # the MPS server and its clients share memory through /dev/shm: the claim's own tmpfs
             ("shm", record["shmDir"], "/dev/shm", "HostToContainer"),
         ]
+        read_only = {"driver-root"} if settings.driver_root_read_only else set()
+        metadata: dict[str, Any] = {
+            "name": pod_name(record["id"]),
+            "namespace": self.namespace,
+            "labels": {LABEL_APP: APP_NAME, LABEL_DAEMON: record["id"][:63], LABEL_NODE: self.node_name},
+        }
+        if self._owner is not None:
+            metadata["ownerReferences"] = [dict(self._owner)]
+        container: dict[str, Any] = {
+            "name": CONTAINER_NAME,
+            "image": settings.image,
+            "command": command,
+            "env": [{"name": k, "value": env[k]} for k in keep if k in env],
+            # privileged: the daemon and the MPS servers it starts open the claim's GPU device nodes, which
+            # the container's device cgroup would hide otherwise (as NVIDIA's daemon pods, run as root)
+            "securityContext": {"privileged": True, "runAsUser": 0},
+            "resources": dict(settings.resources),
+            "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", 'echo quit | "$0"', binary]}}},
+            "volumeMounts": [
+                {
+                    "name": name,
+                    "mountPath": path,
+                    **({"mountPropagation": p} if p else {}),
+                    **({"readOnly": True} if name in read_only else {}),
+                }
+                for name, _host, path, p in volumes
+            ],
+        }
+        if settings.image_pull_policy:
+            container["imagePullPolicy"] = settings.image_pull_policy
+        spec: dict[str, Any] = {
+            "nodeName": self.node_name,
+            "restartPolicy": "Always",
+            "priorityClassName": settings.priority_class,
+            "automountServiceAccountToken": False,  # the daemon never talks to the API server
+            "tolerations": [dict(t) for t in settings.tolerations],
+            "terminationGracePeriodSeconds": 10,
+            "containers": [container],
+        }
+        if settings.service_account:
+            spec["serviceAccountName"] = settings.service_account
+        if settings.image_pull_secrets:
+            spec["imagePullSecrets"] = [{"name": n} for n in settings.image_pull_secrets]
         return {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {
-                "name": pod_name(record["id"]),
-                "namespace": self.namespace,
-                "labels": {LABEL_APP: APP_NAME, LABEL_DAEMON: record["id"][:63], LABEL_NODE: self.node_name},
-            },
+            "metadata": metadata,
             "spec": {
-                "nodeName": self.node_name,
-                "restartPolicy": "Always",
-                "tolerations": [{"operator": "Exists"}],
-                "terminationGracePeriodSeconds": 10,
-                "containers": [
-                    {
-                        "name": CONTAINER_NAME,
-                        "image": self.image,
-                        "command": command,
-                        "env": [{"name": k, "value": env[k]} for k in keep if k in env],
-                        "securityContext": {"privileged": True, "runAsUser": 0},
-                        "lifecycle": {
-                            "preStop": {"exec": {"command": ["sh", "-c", 'echo quit | "$0"', binary]}}
-                        },
-                        "volumeMounts": [
-                            {"name": name, "mountPath": path, **({"mountPropagation": p} if p else {})}
-                            for name, _host, path, p in volumes
-                        ],
-                    }
-                ],
+                **spec,
                 "volumes": [
                     {"name": name, "hostPath": {"path": host, "type": "Directory"}}
                     for name, host, _path, _p in volumes
@@ -179,6 +303,7 @@ class PodLauncher:
         from kubernetes.client.exceptions import ApiException
 
         name = pod_name(record["id"])
+        self.owner_reference()
         body = self.manifest(record, env)
         for _attempt in range(3):
             try:

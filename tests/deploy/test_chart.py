@@ -3,7 +3,6 @@ webhook TLS modes, schema errors, the rendered plain manifests, and the docs tha
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -94,7 +93,7 @@ def test_helm_lint_strict(helm: str) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     for values in (
         ["--set", "hardware=dgx-h100", "--set", "nvidiaDriverRoot=/var/lib/dra-gpu/sim-root"],
-        ["--set", "webhook.tls.mode=helm"],
+        ["--set", "webhook.tls.mode=cert-manager"],
     ):
         out = _run_helm(helm, "lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *values)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -116,8 +115,7 @@ def test_default_render_has_every_part(helm: str) -> None:
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
         "DeviceClass",
-        "Certificate",
-        "Issuer",
+        "Secret",  # the webhook's CA and serving certificate, made by Helm (the default; no cert-manager)
     }
     for doc in docs:
         if doc["kind"] not in (
@@ -176,6 +174,11 @@ def _check_least_privilege(docs: list[dict[str, Any]]) -> None:
     bound = {
         s["name"] for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in d["subjects"]
     }
+    # the MPS daemon pods' own account: bound to nothing, no token (the plugin's policy pins it on its pods)
+    for account in (
+        d for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"].endswith("-mps-daemon")
+    ):
+        assert account["metadata"]["name"] not in bound and account["automountServiceAccountToken"] is False
     webhook = [d for d in docs if d["kind"] == "Deployment"]
     for deployment in webhook:
         pod = deployment["spec"]["template"]["spec"]
@@ -361,8 +364,8 @@ def _slice_request(
 
 def test_resource_slice_policy_keeps_plugins_to_their_node(helm: str) -> None:
     docs = _template(helm)
-    policy = _one(docs, "ValidatingAdmissionPolicy")
-    binding = _one(docs, "ValidatingAdmissionPolicyBinding")
+    policy = _one(docs, "ValidatingAdmissionPolicy", "dra-gpu-kubelet-plugin-own-node-slices")
+    binding = _one(docs, "ValidatingAdmissionPolicyBinding", policy["metadata"]["name"])
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["resourceslices"]
     sa = _plugin(docs)[0]["serviceAccountName"]
@@ -385,98 +388,7 @@ def test_resource_slice_policy_keeps_plugins_to_their_node(helm: str) -> None:
     assert _policy_verdicts(policy, _slice_request(other, None, "node-b", "DELETE")) is None
 
 
-# ---------------------------------------------------------------------------------------------- webhook
-def _webhook_parts(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    return _one(docs, "Deployment"), _one(docs, "Service"), _one(docs, "ValidatingWebhookConfiguration")
-
-
-def test_webhook_with_cert_manager(helm: str) -> None:
-    docs = _template(helm)
-    deployment, service, config = _webhook_parts(docs)
-    pod = deployment["spec"]["template"]["spec"]
-    (ctr,) = pod["containers"]
-    assert pod["securityContext"]["runAsNonRoot"] is True
-    assert ctr["securityContext"]["readOnlyRootFilesystem"] is True
-    assert ctr["command"] == ["dra-gpu", "webhook"] and "--port=8443" in ctr["args"]
-    assert service["spec"]["ports"][0]["targetPort"] == "https"
-    (hook,) = config["webhooks"]
-    assert hook["clientConfig"]["service"] == {
-        "name": service["metadata"]["name"],
-        "namespace": NAMESPACE,
-        "path": "/validate-resource-claim-parameters",
-        "port": 443,
-    }
-    resources = {r for rule in hook["rules"] for r in rule["resources"]}
-    assert resources == {"resourceclaims", "resourceclaimtemplates", "deviceclasses"}
-    assert all("v1" in rule["apiVersions"] for rule in hook["rules"])
-    certificate = _one(docs, "Certificate")
-    cert_ref = f"{NAMESPACE}/{certificate['metadata']['name']}"
-    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == cert_ref
-    secret_volume = next(v for v in pod["volumes"] if v["name"] == "tls")["secret"]["secretName"]
-    assert certificate["spec"]["secretName"] == secret_volume
-    assert f"{service['metadata']['name']}.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
-    assert certificate["spec"]["issuerRef"]["name"] == _one(docs, "Issuer")["metadata"]["name"]
-
-
-def test_webhook_with_existing_secret(helm: str) -> None:
-    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
-    docs = _template(
-        helm, "webhook.tls.mode=secret", "webhook.tls.secretName=my-tls", f"webhook.tls.caBundle={ca}"
-    )
-    assert not _kinds(docs) & {"Certificate", "Issuer", "Secret"}
-    deployment, _, config = _webhook_parts(docs)
-    assert config["webhooks"][0]["clientConfig"]["caBundle"] == ca
-    volumes = deployment["spec"]["template"]["spec"]["volumes"]
-    assert next(v for v in volumes if v["name"] == "tls")["secret"]["secretName"] == "my-tls"
-
-
-def test_webhook_with_helm_generated_certificate(helm: str) -> None:
-    docs = _template(helm, "webhook.tls.mode=helm")
-    secret = _one(docs, "Secret")
-    _, _, config = _webhook_parts(docs)
-    assert config["webhooks"][0]["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
-    assert base64.b64decode(secret["data"]["tls.crt"]).startswith(b"-----BEGIN CERTIFICATE-----")
-
-
-def test_webhook_disabled(helm: str) -> None:
-    docs = _template(helm, "webhook.enabled=false")
-    gone = {"Deployment", "Service", "ValidatingWebhookConfiguration", "Certificate", "PodDisruptionBudget"}
-    assert not _kinds(docs) & gone
-
-
-def test_webhook_match_conditions_are_the_tested_ones(helm: str) -> None:
-    """The chart's matchConditions are, character for character, those the apiserver test proves."""
-    from dra_gpu.webhook.match_conditions import MATCH_CONDITIONS
-
-    (hook,) = _one(_template(helm), "ValidatingWebhookConfiguration")["webhooks"]
-    assert hook["matchConditions"] == list(MATCH_CONDITIONS)
-    assert hook["failurePolicy"] == "Fail", "what the webhook does match stays fail-closed"
-
-
-def test_webhook_survives_one_pod_down(helm: str) -> None:
-    docs = _template(helm)
-    deployment = _one(docs, "Deployment")
-    pod = deployment["spec"]["template"]["spec"]
-    assert deployment["spec"]["replicas"] == 2
-    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    selector = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
-    assert selector.items() <= pod.get("labels", deployment["spec"]["template"]["metadata"]["labels"]).items()
-    pdb = _one(docs, "PodDisruptionBudget")
-    assert pdb["spec"]["maxUnavailable"] == 1
-    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
-    (ctr,) = pod["containers"]
-    assert ctr["livenessProbe"]["timeoutSeconds"] > 0 and ctr["readinessProbe"]["timeoutSeconds"] > 0
-    # A user's own affinity replaces the default; the PDB can be turned off.
-    custom = _template(
-        helm,
-        "webhook.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-        ".nodeSelectorTerms[0].matchExpressions[0].key=pool",
-        "webhook.podDisruptionBudget.enabled=false",
-    )
-    affinity = _one(custom, "Deployment")["spec"]["template"]["spec"]["affinity"]
-    assert "podAntiAffinity" not in affinity and "nodeAffinity" in affinity
-    assert "PodDisruptionBudget" not in _kinds(custom)
+# webhook: tests/deploy/test_chart_webhook.py
 
 
 # ------------------------------------------------------------------------------------ invalid values

@@ -59,8 +59,22 @@ def _create(api_client: Any, doc: dict[str, Any], namespace: str, dry_run: bool)
     create(api_client, doc, namespace=namespace, **kwargs)
 
 
+NVIDIA_KEYS = (  # NVIDIA's chart keys that reach the plugin DaemonSet (tests/deploy/test_nvidia_values.py)
+    "featureGates.MPSSupport=false",
+    "logVerbosity=6",
+    "kubeletPlugin.updateStrategy.type=OnDelete",
+    "kubeletPlugin.networkPolicy.enabled=true",
+    "kubeletPlugin.metrics.gpuHttpEndpoint=:9400",
+    "kubeletPlugin.containers.gpus.healthcheckPort=-1",
+    "kubeletPlugin.podSecurityContext.fsGroup=0",
+    "kubeletPlugin.kubeletPluginsDirectoryPath=/var/lib/k0s/kubelet/plugins",
+)
+
+
 @pytest.mark.parametrize(
-    "sets", [(), ("hardware=dgx-h100", "webhook.tls.mode=helm")], ids=["default", "simulated"]
+    "sets",
+    [(), ("hardware=dgx-h100", "webhook.tls.mode=helm"), NVIDIA_KEYS],
+    ids=["default", "simulated", "nvidia-keys"],
 )
 def test_api_server_accepts_every_rendered_object(
     kube_apiserver: Any, namespace: str, sets: tuple[str, ...]

@@ -54,7 +54,9 @@ def test_reads_from_threads_racing_the_warm_up(kube_apiserver: Any, monkeypatch:
     name, uid = ClaimFactory(kube_apiserver.api_client(), "node-warm").make("warm", [Result("gpu", "gpu-0")])
     made: list[Any] = []
     load = kube_client.load_api_client
-    monkeypatch.setattr(kube_client, "load_api_client", lambda path: made.append(load(path)) or made[-1])
+    monkeypatch.setattr(
+        kube_client, "load_api_client", lambda path, limiter: made.append(load(path, limiter)) or made[-1]
+    )
     api_client = kube_client.LazyApiClient(str(kube_apiserver.kubeconfig))
     reader = KubeClaimReader(api_client)
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -26,7 +26,7 @@ from sim_node import SimNode
 from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.interface import CdiEdits, CdiMount, GroupResult, SharingError
 from dra_gpu.sharing.manager import HardwareSharingManager
-from dra_gpu.sharing.mps_pods import PodLauncher, pod_name
+from dra_gpu.sharing.mps_pods import DaemonPodSettings, PodLauncher, pod_name
 from tests.support.container_view import container_argv, sim_client
 
 pytestmark = pytest.mark.apiserver
@@ -112,7 +112,7 @@ def launcher(kube_apiserver: Any, node: SimNode) -> Iterator[PodLauncher]:
         api_client,
         namespace=namespace,
         node_name="gpu-node-1",
-        image="dra-gpu:test",
+        settings=DaemonPodSettings(image="dra-gpu:test", driver_root_read_only=False),
         host_driver_root=str(node.root),
         container_driver_root="/driver-root",
         delete_timeout_s=10,
@@ -153,7 +153,7 @@ def test_the_daemon_pod_is_pinned_to_the_node_and_not_owned_by_the_plugin(
     launcher.launch(record, {"CUDA_VISIBLE_DEVICES": node.uuid(), "SECRET": "not copied"})
     pod = launcher.get(pod_name("claim-a-12345"))
     assert pod is not None and pod["metadata"]["uid"] == record["podUid"]
-    assert "ownerReferences" not in pod["metadata"]  # a rolling update of the plugin must not collect it
+    assert "ownerReferences" not in pod["metadata"]  # no plugin pod named: no DaemonSet to own it
     spec = pod["spec"]
     assert spec["nodeName"] == "gpu-node-1" and spec["restartPolicy"] == "Always"
     (container,) = spec["containers"]
@@ -185,6 +185,120 @@ def test_the_daemon_pod_is_pinned_to_the_node_and_not_owned_by_the_plugin(
     client.CoreV1Api(launcher.api_client).delete_namespaced_pod(
         pod_name("claim-a-12345"), launcher.namespace, grace_period_seconds=0
     )
+
+
+def test_the_daemon_pod_is_hardened_and_owned_by_the_plugins_daemonset(
+    launcher: PodLauncher, node: SimNode
+) -> None:
+    """No token, its own account, requests and node-critical priority, the pull settings, the driver root
+    read-only, only the tolerations given; its owner is the DaemonSet of the plugin's pod (not that pod, which
+    a rolling update replaces), as a plain owner reference."""
+    core: Any = client.CoreV1Api(launcher.api_client)
+    apps: Any = client.AppsV1Api(launcher.api_client)
+    labels = {"app": "plugin"}
+    daemonset = apps.create_namespaced_daemon_set(
+        launcher.namespace,
+        {
+            "metadata": {"name": "dra-gpu-kubelet-plugin"},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "plugin", "image": "dra-gpu:test"}]},
+                },
+            },
+        },
+    )
+    owner = {
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": "dra-gpu-kubelet-plugin",
+        "uid": daemonset.metadata.uid, "controller": True, "blockOwnerDeletion": True,
+    }  # fmt: skip
+    core.create_namespaced_pod(
+        launcher.namespace,
+        {
+            "metadata": {"name": "plugin-abcde", "labels": labels, "ownerReferences": [owner]},
+            "spec": {"nodeName": "gpu-node-1", "containers": [{"name": "plugin", "image": "dra-gpu:test"}]},
+        },
+    )
+    gpu_taint = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}
+    hardened = PodLauncher(
+        launcher.api_client,
+        namespace=launcher.namespace,
+        node_name="gpu-node-1",
+        settings=DaemonPodSettings(
+            image="registry.example.com/dra-gpu:1.2.3",
+            image_pull_policy="Always",
+            image_pull_secrets=("regcred",),
+            service_account="dra-gpu-mps-daemon",
+            tolerations=(*DaemonPodSettings(image="x").tolerations, gpu_taint),
+            resources={"requests": {"cpu": "20m", "memory": "100Mi"}},
+        ),
+        host_driver_root=str(node.root),
+        container_driver_root="/driver-root",
+        plugin_pod="plugin-abcde",
+        delete_timeout_s=10,
+    )
+    core.create_namespaced_service_account(launcher.namespace, {"metadata": {"name": "dra-gpu-mps-daemon"}})
+    record = record_for(node, "claim-h-12345")
+    hardened.launch(record, {})
+    pod = hardened.get(pod_name("claim-h-12345"))
+    assert pod is not None
+    assert pod["metadata"]["ownerReferences"] == [
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "dra-gpu-kubelet-plugin",
+         "uid": daemonset.metadata.uid},
+    ]  # fmt: skip
+    spec = pod["spec"]
+    assert (
+        spec["serviceAccountName"] == "dra-gpu-mps-daemon" and spec["automountServiceAccountToken"] is False
+    )
+    assert [v["name"] for v in spec["volumes"]] == ["driver-root", "pipe", "log", "shm"]  # no token volume
+    assert spec["priorityClassName"] == "system-node-critical" and spec["priority"] == 2000001000
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert {t["key"] for t in spec["tolerations"]} == {
+        "node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable", "nvidia.com/gpu",
+    }  # fmt: skip
+    assert all(t.get("tolerationSeconds") is None for t in spec["tolerations"])
+    (container,) = spec["containers"]
+    assert container["image"] == "registry.example.com/dra-gpu:1.2.3"
+    assert container["imagePullPolicy"] == "Always"
+    assert container["resources"] == {"requests": {"cpu": "20m", "memory": "100Mi"}}
+    assert pod["status"]["qosClass"] == "Burstable"  # not BestEffort: evicted after those under pressure
+    read_only = {m["name"] for m in container["volumeMounts"] if m.get("readOnly")}
+    assert read_only == {"driver-root"}
+    core.delete_namespaced_pod(pod_name("claim-h-12345"), launcher.namespace, grace_period_seconds=0)
+
+
+def test_a_plugin_pod_that_is_gone_is_reported_not_guessed(launcher: PodLauncher, node: SimNode) -> None:
+    """Without the real DaemonSet UID the garbage collector would delete the daemon: never make one up."""
+    missing = PodLauncher(
+        launcher.api_client,
+        namespace=launcher.namespace,
+        node_name="gpu-node-1",
+        settings=DaemonPodSettings(image="dra-gpu:test"),
+        host_driver_root=str(node.root),
+        container_driver_root="/driver-root",
+        plugin_pod="no-such-plugin-pod",
+    )
+    with pytest.raises(SharingError, match=r"no-such-plugin-pod .*does not exist"):
+        missing.launch(record_for(node, "claim-m-12345"), {})
+    assert missing.get(pod_name("claim-m-12345")) is None
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"image": ""}, "--mps-daemon-image: an image is required"),
+        ({"image": "x", "image_pull_policy": "Sometimes"}, "--mps-daemon-image-pull-policy: 'Sometimes'"),
+        (
+            {"image": "x", "tolerations": ({"key": "a", "operatr": "Exists"},)},
+            r"--mps-daemon-tolerations\[0\]",
+        ),
+        ({"image": "x", "resources": {"request": {}}}, "--mps-daemon-resources"),
+    ],
+)
+def test_bad_daemon_pod_settings_name_the_flag(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DaemonPodSettings(**settings)
 
 
 def _prepare_share(launcher: PodLauncher, node: SimNode) -> tuple[HardwareSharingManager, GroupResult]:
@@ -319,3 +433,68 @@ def test_a_daemon_container_restarted_in_place_is_reached_only_once_placed_with_
         assert launcher.owned_pods() == [] and node.leftovers() == []
     finally:
         kubelet.stop()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"mps_daemon_tolerations": "[{"}, "--mps-daemon-tolerations: not JSON"),
+        ({"mps_daemon_tolerations": '{"key": "a"}'}, "--mps-daemon-tolerations: expected a JSON list"),
+        ({"mps_daemon_resources": "[]"}, "--mps-daemon-resources: expected a JSON dict"),
+        ({"mps_daemon_image_pull_policy": "always"}, "--mps-daemon-image-pull-policy: 'always'"),
+    ],
+)
+def test_bad_daemon_pod_flags_are_named(flags: dict[str, str], message: str) -> None:
+    import argparse
+
+    from dra_gpu.cli.kubelet_plugin import daemon_pod_settings
+
+    args = argparse.Namespace(
+        mps_daemon_image="dra-gpu:test", mps_daemon_image_pull_policy="",
+        mps_daemon_image_pull_secrets="a, b", mps_daemon_service_account="",
+        mps_daemon_priority_class="system-node-critical", mps_daemon_tolerations="[]",
+        mps_daemon_resources="", hardware="real",
+    )  # fmt: skip
+    assert daemon_pod_settings(args).image_pull_secrets == ("a", "b")
+    for name, value in flags.items():
+        setattr(args, name, value)
+    with pytest.raises(ValueError, match=message):
+        daemon_pod_settings(args)
+
+
+@pytest.mark.parametrize(("layout", "tools"), [("standard", "usr/bin"), ("gke", "bin")])
+def test_the_daemon_pod_runs_the_control_binary_where_the_driver_root_keeps_it(
+    tmp_path: Any, layout: str, tools: str
+) -> None:
+    # GKE/COS keep the tools in bin/: a pod that ran usr/bin/nvidia-cuda-mps-control there would crash-loop.
+    root = tmp_path / "driver-root"
+    subprocess.run(
+        [".venv/bin/dra-gpu", "hardware", "init-sim", "--hardware", "dgx-h100", "--driver-root", str(root),
+         "--driver-layout", layout],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    pods = PodLauncher(
+        None,
+        namespace="dra-gpu",
+        node_name="gpu-node-1",
+        settings=DaemonPodSettings(image="dra-gpu:test", driver_root_read_only=True),
+        host_driver_root="/home/kubernetes/bin/nvidia",
+        container_driver_root=str(root),
+    )
+    pod = pods.manifest(record_for_root(tmp_path, "claim-a-12345"), {})
+    binary = pod["spec"]["containers"][0]["command"][3]
+    assert binary == f"{root}/{tools}/nvidia-cuda-mps-control" and os.access(binary, os.X_OK)
+
+
+def record_for_root(base: Any, daemon_id: str) -> dict[str, Any]:
+    mps = base / "plugins" / "mps" / daemon_id
+    return {
+        "id": daemon_id,
+        "layout": 2,
+        "clientsDir": str(mps / "clients"),
+        "pipeDir": str(mps / "clients" / "pipe"),
+        "stageDir": str(mps / "stage"),
+        "logDir": str(mps / "log"),
+        "shmDir": str(mps / "shm"),
+        "multiUser": True,
+    }
