@@ -15,14 +15,15 @@ export SSL_CERT_FILE ?= $(PIP_CERT)
 endif
 
 PHONY_EXTRA := lock lock-check lock-upgrade
-.PHONY: help venv test unit lint typecheck protos verify-protos e2e e2e-kind bench cluster-up cluster-down \
-        cluster-build demo demo-down image helm-lint manifests schemas clean
+.PHONY: help venv test unit lint typecheck protos verify-protos e2e e2e-kind bench soak cluster-up cluster-down \
+        cluster-build demo demo-down image image-verify helm-lint manifests schemas clean
 
 help:
 	@echo "make demo        local cluster + simulated DGX H100 node + driver + sharing showcase"
 	@echo "make test        lint + unit + integration tests (real kube-apiserver)"
 	@echo "make e2e         end-to-end suite against a local cluster from real binaries"
 	@echo "make bench       benchmarks (figures in bench/_results/)"
+	@echo "make soak        randomized fault soak of the kubelet plugin (SOAK_OPS=10000 SOAK_SEED=31)"
 	@echo "make lint        ruff, mypy --strict, import-linter, generated-code checks"
 
 $(UV):
@@ -81,8 +82,13 @@ e2e: venv
 	    KUBERNETES_VERSION=$$v e2e/cluster/build.sh all helm && KUBERNETES_VERSION=$$v e2e/run-e2e.sh || rc=1; \
 	done; exit $$rc
 
+# `make e2e-kind` likewise once per version of E2E_VERSIONS, each on its own kind cluster (created, then deleted
+# unless KIND_ARGS has --keep); KIND_ARGS passes run.sh options and pytest arguments (-k ...).
 e2e-kind: venv
-	e2e/kind/run.sh $(KIND_ARGS)
+	@rc=0; for v in $(E2E_VERSIONS); do \
+	    echo "[e2e-kind] ===== Kubernetes $$v ====="; \
+	    KUBERNETES_VERSION=$$v e2e/kind/run.sh $(KIND_ARGS) || rc=1; \
+	done; exit $$rc
 
 demo: venv cluster-build
 	e2e/demo.sh up
@@ -93,8 +99,21 @@ demo-down:
 bench: venv
 	$(BIN)/python -m bench.run
 
+# The randomized fault soak (tests/soak): SOAK_OPS steps from SOAK_SEED on simulated nodes, the plugin driven
+# through its gRPC socket, faults injected, invariants checked after every step; figures in bench/_results/.
+SOAK_OPS ?= 10000
+SOAK_SEED ?= 31
+soak: venv
+	e2e/cluster/build.sh control-plane
+	@mkdir -p bench/_results
+	$(BIN)/python -m tests.soak --ops $(SOAK_OPS) --seed $(SOAK_SEED) --report bench/_results/soak.json
+
 image:
 	manifests/image/build.sh
+
+# Rebuild the image without cache from the inputs `make image` recorded and compare image ID and layers.
+image-verify:
+	manifests/image/verify.sh
 
 # `make lock`: update uv.lock after a change to pyproject.toml (other pins stay) and export the image's lock
 # from it; `make lock-upgrade`: re-resolve everything to the newest allowed versions; `make lock-check`: fail

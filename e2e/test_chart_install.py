@@ -10,6 +10,12 @@ installed, else one assembled from this machine (e2e/image/build_local_image.py)
 picks one. It is imported into the cluster's containerd as registry.local/dra-gpu:dev. The tests run in file
 order against one release: install, pod Ready, registration and slices, webhook, a GPU pod, uninstall and
 slice clean-up.
+
+On kind (`make e2e-kind`: DRA_GPU_E2E_MODE=in-cluster with DRA_GPU_E2E_KIND_CLUSTER) the tests run without
+the opt-in against the release e2e/kind/run.sh installed (image dra-gpu:kind, built from the Dockerfile and
+loaded into the nodes): the node's files are read through `docker exec`, the simulator's tools run in the
+plugin pod, processes are found by their container's id. The uninstall and NVIDIA-values tests take that
+release down; the module installs it again with run.sh's values file afterwards, for the tests that follow.
 """
 
 from __future__ import annotations
@@ -29,26 +35,35 @@ import pytest
 from e2e.image.build_local_image import DEFAULT_REFERENCE, BuildResult, build_for_cluster, import_into_cluster
 from e2e.image.real_image import config_digest
 from e2e.lib.chart import CHART_DIR, find_helm
-from e2e.lib.container_client import client_in_container, container_ids
+from e2e.lib.container_client import client_in_container, container_ids, host_pid_of_container
+from e2e.lib.driver import wait_complete_pool
+from e2e.lib.example_runner import cluster_has
+from e2e.lib.incluster import InClusterDriver
 from e2e.lib.kubectl import Kubectl, KubectlError
-from e2e.lib.settings import DRIVER_NAME, E2ESettings
+from e2e.lib.node_files import NodeFiles
+from e2e.lib.settings import DRIVER_NAME, DriverMode, E2ESettings, load_settings
 from e2e.lib.waiting import wait_until
 from e2e.lib.workloads import claim, claim_template, claim_with_opaque, gpu_config_time_slicing
+
+_SETTINGS = load_settings()
+# kind: the chart is the whole suite's driver (e2e/kind/run.sh installed it); these tests use that release.
+ON_KIND = _SETTINGS.mode is DriverMode.IN_CLUSTER and _SETTINGS.kind_cluster is not None
 
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
-        os.environ.get("DRA_GPU_E2E_CHART") != "1",
-        reason="chart install test is opt-in: set DRA_GPU_E2E_CHART=1 "
-        "(needs the local cluster, no host driver)",
+        os.environ.get("DRA_GPU_E2E_CHART") != "1" and not ON_KIND,
+        reason="chart install test is opt-in on the local cluster: set DRA_GPU_E2E_CHART=1 "
+        "(no host driver); on kind (make e2e-kind) it always runs",
     ),
 ]
 
-RELEASE = "dra-gpu"
-NAMESPACE = "dra-gpu-chart-e2e"
+RELEASE = _SETTINGS.chart_release if ON_KIND else "dra-gpu"
+NAMESPACE = _SETTINGS.chart_namespace if ON_KIND else "dra-gpu-chart-e2e"
+GPU_NODE_LABEL = "nvidia.com/gpu.present=true"  # the chart's default node selector (kind's GPU workers)
 HARDWARE = "dgx-h100"
 # The pool the plugin publishes for the simulated dgx-h100 node (as the host-process driver does).
-EXPECTED_SLICES = 9
+EXPECTED_SLICES = 9  # 1.35+: a counters-only slice, then one per GPU (1.34: 8, docs/kubernetes-versions.md)
 EXPECTED_DEVICES = 216
 KUBELET_DIR = Path("/var/lib/kubelet")
 SIM_DRIVER_ROOT = Path("/var/lib/dra-gpu/sim-root")  # the chart's default driver root for a simulated layout
@@ -67,6 +82,25 @@ class Release:
     timings: dict[str, float] = field(default_factory=dict)
     image: BuildResult | None = None
     uninstalled: bool = False
+    nodes: list[str] = field(default_factory=list)  # every node the plugin DaemonSet runs on
+    image_ref: str = DEFAULT_REFERENCE  # the driver image the release runs (also the tenants' image)
+    real_image: bool = False  # the Dockerfile's image (it carries NVIDIA's CDI hooks)
+    files: NodeFiles | None = None  # the files of `node`
+    settings: E2ESettings = _SETTINGS
+
+    @property
+    def node_files(self) -> NodeFiles:
+        return self.files or NodeFiles(self.node, kind=False)
+
+    def sim_hardware(self, *args: str) -> str:
+        """`dra-gpu hardware ...` on the driver root the node's plugin reads: in the plugin pod on kind (the
+        simulator's tools reached through kubectl), on this machine's sim root on the local cluster."""
+        if ON_KIND:
+            return InClusterDriver(self.settings, self.kubectl, self.node).hardware(*args)
+        argv = [*_HARDWARE_CLI, *args, "--driver-root", str(SIM_DRIVER_ROOT)]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+        assert proc.returncode == 0, f"`{' '.join(argv)}` failed: {proc.stderr.strip()}"
+        return proc.stdout
 
 
 def _helm(helm: str, kubeconfig: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -95,6 +129,9 @@ def shared_host_paths() -> Iterator[None]:
     refuses both unless the host path is on a shared (or slave) mount. A systemd host makes `/` shared; this
     sandbox's `/` is private, so bind each path onto itself and make it shared, for the test's duration."""
     made: list[Path] = []
+    if ON_KIND:  # kind's nodes are containers whose mounts kind made shared
+        yield
+        return
     for path in (SIM_DRIVER_ROOT, KUBELET_DIR / "plugins"):
         if _propagation(path) in ("shared", "slave"):
             continue
@@ -114,6 +151,21 @@ def _node_slices(kubectl: Kubectl, node: str) -> list[dict[str, Any]]:
     ).stdout  # fmt: skip
     items: list[dict[str, Any]] = json.loads(out).get("items", [])
     return items
+
+
+def _expected_slices(kubectl: Kubectl) -> int:
+    newer, _ = cluster_has("kubernetes>=1.35", kubectl)
+    return EXPECTED_SLICES if newer else EXPECTED_SLICES - 1  # 1.34: each GPU's counters beside its devices
+
+
+def _require_shares(kubectl: Kubectl) -> None:
+    """Fractional shares (gpu-share.nvidia.com, consumable capacity) are published on 1.34 but its alpha
+    scheduler does not allocate them (docs/kubernetes-versions.md)."""
+    newer, why = cluster_has("kubernetes>=1.35", kubectl)
+    if not newer:
+        pytest.skip(
+            f"fractional shares need kubernetes>=1.35 (1.34's scheduler does not allocate them): {why}"
+        )
 
 
 def _pods(kubectl: Kubectl, selector: str) -> list[dict[str, Any]]:
@@ -147,11 +199,47 @@ def _uninstall(release: Release, settings: E2ESettings) -> None:
     )
 
 
+def _gpu_nodes(kubectl: Kubectl) -> list[str]:
+    return sorted(n["metadata"]["name"] for n in kubectl.items("nodes", selector=GPU_NODE_LABEL))
+
+
+def _kind_release(kubectl: Kubectl, settings: E2ESettings, helm: str) -> Iterator[Release]:
+    """The release run.sh installed; afterwards run.sh's install again (the tests uninstall, upgrade it)."""
+    if settings.chart_values is None or settings.node_name is None:
+        pytest.fail(
+            "kind without DRA_GPU_E2E_CHART_VALUES / DRA_GPU_E2E_NODE: run e2e/kind/run.sh", pytrace=False
+        )
+    (daemonset,) = kubectl.items("daemonsets", NAMESPACE, PLUGIN_SELECTOR)
+    image = daemonset["spec"]["template"]["spec"]["containers"][0]["image"]
+    rel = Release(
+        kubectl, helm, settings.node_name, time.monotonic(), nodes=_gpu_nodes(kubectl), image_ref=image,
+        real_image=True, files=NodeFiles(settings.node_name, kind=True), settings=settings,
+    )  # fmt: skip
+    try:
+        yield rel
+    finally:
+        started = time.monotonic()
+        _helm(
+            helm, settings.kubeconfig, "upgrade", "--install", RELEASE, str(CHART_DIR), "-n", NAMESPACE,
+            "--create-namespace", "-f", str(settings.chart_values), "--wait", "--timeout=5m", timeout=360,
+        )  # fmt: skip
+        kubectl.run(
+            "rollout", "status", "daemonset", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR, "--timeout=300s"
+        )
+        for node in rel.nodes:
+            wait_complete_pool(kubectl, node, timeout_s=180)
+        rel.timings["reinstall_s"] = time.monotonic() - started
+        print(f"\n[chart] timings {json.dumps({k: round(v, 1) for k, v in rel.timings.items()})}")
+
+
 @pytest.fixture(scope="module")
 def release(kubectl: Kubectl, settings: E2ESettings, shared_host_paths: None) -> Iterator[Release]:
     helm = find_helm()
     if helm is None:
         pytest.fail("no helm: build it with `e2e/cluster/build.sh helm`", pytrace=False)
+    if ON_KIND:
+        yield from _kind_release(kubectl, settings, helm)
+        return
     nodes = kubectl.items("nodes")
     assert len(nodes) == 1, f"the chart test expects the single-node local cluster, found {len(nodes)} nodes"
     node = nodes[0]["metadata"]["name"]
@@ -169,7 +257,8 @@ def release(kubectl: Kubectl, settings: E2ESettings, shared_host_paths: None) ->
     import_into_cluster(image)
     timings = {"image_build_s": image.seconds, "image_total_s": time.monotonic() - t0}
     print(f"\n[chart] image: {image.kind} {image.reference} {image.digest} ({image.archive_bytes >> 20} MiB)")
-    rel = Release(kubectl, helm, node, time.monotonic(), timings, image=image)
+    rel = Release(kubectl, helm, node, time.monotonic(), timings, image=image, nodes=[node])
+    rel.real_image = image.kind == "real"
     try:
         _helm(
             helm, settings.kubeconfig, "install", RELEASE, str(CHART_DIR),
@@ -207,16 +296,18 @@ def test_plugin_and_webhook_pods_become_ready(release: Release) -> None:
         explain=_explain(kubectl, PLUGIN_SELECTOR),
     )  # fmt: skip
     release.timings["plugin_ready_s"] = time.monotonic() - release.installed_at
-    assert [p["spec"]["nodeName"] for p in pods] == [release.node]
-    (container,) = pods[0]["status"]["containerStatuses"]
-    assert container["image"].endswith(DEFAULT_REFERENCE.split("/", 1)[1]) and container["restartCount"] == 0
+    assert sorted(p["spec"]["nodeName"] for p in pods) == release.nodes
+    for pod in pods:
+        (container,) = pod["status"]["containerStatuses"]
+        assert container["image"].endswith(release.image_ref.split("/", 1)[-1]), container["image"]
+        assert container["restartCount"] == 0, f"{pod['metadata']['name']} restarted: {container}"
     # The pod runs the image this test built and imported (the Dockerfile's when a container tool is here).
     image = release.image
-    assert image is not None
-    image_id = config_digest(image.archive)
-    assert container["imageID"].endswith(image_id), (
-        f"pod runs {container['imageID']}, the test imported the {image.kind} image {image_id}"
-    )
+    if image is not None:
+        image_id = config_digest(image.archive)
+        assert container["imageID"].endswith(image_id), (
+            f"pod runs {container['imageID']}, the test imported the {image.kind} image {image_id}"
+        )
 
     def webhook_ready() -> list[dict[str, Any]] | None:
         pods = _pods(kubectl, WEBHOOK_SELECTOR)
@@ -232,8 +323,10 @@ def test_plugin_and_webhook_pods_become_ready(release: Release) -> None:
 
 
 def test_kubelet_registered_plugin_and_slices_are_published(release: Release) -> None:
-    sockets = sorted((KUBELET_DIR / "plugins_registry").glob(f"{DRIVER_NAME}-*reg.sock"))
-    assert sockets, f"no {DRIVER_NAME} registration socket in {KUBELET_DIR / 'plugins_registry'}"
+    sockets = release.node_files.glob(KUBELET_DIR / "plugins_registry", f"{DRIVER_NAME}-*reg.sock")
+    assert sockets, (
+        f"no {DRIVER_NAME} registration socket in {KUBELET_DIR / 'plugins_registry'} of {release.node}"
+    )
 
     def complete() -> list[dict[str, Any]] | None:
         slices = _node_slices(release.kubectl, release.node)
@@ -249,7 +342,7 @@ def test_kubelet_registered_plugin_and_slices_are_published(release: Release) ->
     )  # fmt: skip
     release.timings["slices_s"] = time.monotonic() - release.installed_at
     devices = sum(len(s["spec"].get("devices") or []) for s in slices)
-    assert (len(slices), devices) == (EXPECTED_SLICES, EXPECTED_DEVICES)
+    assert (len(slices), devices) == (_expected_slices(release.kubectl), EXPECTED_DEVICES)
 
 
 def test_webhook_rejects_invalid_opaque_config(release: Release, namespace: str) -> None:
@@ -370,7 +463,7 @@ def test_gpu_pod_runs_with_device_nodes(release: Release, namespace: str) -> Non
     listing = release.kubectl.exec(namespace, "gpu-pod", ["sh", "-c", "ls /dev/nvidia*"])
     nodes = listing.split()
     assert "/dev/nvidiactl" in nodes and any(n.removeprefix("/dev/nvidia").isdigit() for n in nodes), listing
-    if release.image is not None and release.image.kind == "real":
+    if release.real_image:
         _assert_nvidia_hooks_ran(release, namespace)
 
 
@@ -469,20 +562,16 @@ def _mps_manifest(
     ]  # fmt: skip
 
 
-def _plugin_host_pid() -> int:
-    """The host pid of the chart's kubelet-plugin process (the host-process driver is stopped here)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"dra-gpu") for a in argv) and b"kubelet-plugin" in argv:
-            found.append(int(proc.name))
-    assert len(found) == 1, f"expected one kubelet-plugin process on the host, found {found}"
-    return found[0]
+def _plugin_host_pid(release: Release) -> int:
+    """The host pid of the chart's kubelet-plugin process on the release's node: the first process of the
+    plugin pod's container (its cgroup names the container; kind nodes' processes are this host's too)."""
+    (pod,) = [p for p in _pods(release.kubectl, PLUGIN_SELECTOR) if p["spec"]["nodeName"] == release.node]
+    cid = container_ids(pod).get("plugin", "")
+    pid = host_pid_of_container(cid)
+    assert pid is not None, f"no host process of the plugin container {cid} of {pod['metadata']['name']}"
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert b"kubelet-plugin" in argv, f"process {pid} of the plugin container runs {argv}"
+    return pid
 
 
 @dataclass
@@ -545,7 +634,9 @@ def _prepare_every_mps_claim_kind(release: Release, namespace: str, other: str) 
 
     daemons = wait_until(daemons_ready, timeout_s=120, what=f"{expected} MPS daemon pods Ready")
     assert all(p["spec"]["nodeName"] == release.node for p in daemons)
-    assert all(not p["metadata"].get("ownerReferences") for p in daemons)
+    # not owned by a plugin pod (a rolling update deletes those); the DaemonSet may own them (helm uninstall)
+    owners = [o for p in daemons for o in p["metadata"].get("ownerReferences") or []]
+    assert all(o.get("kind") != "Pod" for o in owners), owners
     views = {(ns, name): _workload_view(release, ns, name) for ns, name in pods}
     assert all("CUDA_MPS_PIPE_DIRECTORY=" in v for v in views.values()), views
     for ns, name in pods[2:]:
@@ -585,8 +676,9 @@ def _rolled_out(release: Release) -> None:
     kubectl = release.kubectl
     kubectl.run("rollout", "status", "daemonset", "-n", NAMESPACE, "-l", PLUGIN_SELECTOR, "--timeout=180s")
     wait_until(
-        lambda: (pods := _pods(kubectl, PLUGIN_SELECTOR)) and len(pods) == 1 and all(_ready(p) for p in pods),
-        timeout_s=180, what="one kubelet-plugin pod Ready", explain=_explain(kubectl, PLUGIN_SELECTOR),
+        lambda: (pods := _pods(kubectl, PLUGIN_SELECTOR)) and len(pods) == len(release.nodes)
+        and all(_ready(p) for p in pods),
+        timeout_s=180, what="a kubelet-plugin pod Ready per node", explain=_explain(kubectl, PLUGIN_SELECTOR),
     )  # fmt: skip
 
 
@@ -600,6 +692,7 @@ def test_mps_daemons_of_every_claim_kind_outlive_rolling_updates_of_the_plugin(
     each workload (the simulated client in its container's view) still reaches its daemon and gets the same
     limits, and a new claim prepares."""
     kubectl = release.kubectl
+    _require_shares(kubectl)
     other = f"{namespace}-b"
     kubectl.create_namespace(other)
     try:
@@ -627,13 +720,14 @@ def test_mps_daemons_of_every_claim_kind_survive_a_sigkill_of_the_plugin(
     every daemon pod running (same UIDs, no restart) and the workloads' env and mounts as they were, and a new
     claim prepares afterwards."""
     kubectl = release.kubectl
+    _require_shares(kubectl)
     other = f"{namespace}-b"
     kubectl.create_namespace(other)
     try:
         claims = _prepare_every_mps_claim_kind(release, namespace, other)
         restarts_before = sum(_plugin_restarts(kubectl).values())
 
-        os.kill(_plugin_host_pid(), 9)
+        os.kill(_plugin_host_pid(release), 9)
 
         def plugin_back() -> bool:
             plugin = _pods(kubectl, PLUGIN_SELECTOR)
@@ -648,11 +742,13 @@ def test_mps_daemons_of_every_claim_kind_survive_a_sigkill_of_the_plugin(
     wait_until(lambda: not _pods(kubectl, MPS_DAEMON_SELECTOR), timeout_s=120, what="MPS daemon pods deleted")
 
 
-def _tenant_manifest(name: str, namespace: str, compute: str, memory: str, env: dict[str, str]) -> list[Any]:
+def _tenant_manifest(
+    name: str, namespace: str, compute: str, memory: str, env: dict[str, str], image: str = DEFAULT_REFERENCE
+) -> list[Any]:
     """A fractional share whose container (the driver's image: it has the simulated MPS client) sets `env`."""
     docs = _share_manifest(name, namespace, compute, memory)
     container = docs[1]["spec"]["containers"][0]
-    container.update(image=DEFAULT_REFERENCE, command=["sleep", "3600"])
+    container.update(image=image, command=["sleep", "3600"])
     container["env"] = [{"name": k, "value": v} for k, v in env.items()]
     return docs
 
@@ -707,9 +803,11 @@ def test_tenants_cannot_raise_their_share_and_a_killed_daemon_is_back_within_10s
     restarts it in its pod (same UID), the plugin puts it back in place once it holds its limits, and within
     10 s a's processes get the same share again."""
     kubectl = release.kubectl
+    _require_shares(kubectl)
     raise_env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}
-    manifest = _tenant_manifest("tenant-a", namespace, "30", "10Gi", raise_env) + _tenant_manifest(
-        "tenant-b", namespace, "20", "8Gi", {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10"}
+    manifest = _tenant_manifest("tenant-a", namespace, "30", "10Gi", raise_env, release.image_ref)
+    manifest += _tenant_manifest(
+        "tenant-b", namespace, "20", "8Gi", {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10"}, release.image_ref
     )
     kubectl.apply("\n---\n".join(json.dumps(d) for d in manifest), namespace=namespace)
     try:
@@ -781,11 +879,12 @@ def test_tenants_cannot_raise_their_share_and_a_killed_daemon_is_back_within_10s
 def _assert_nvidia_hooks_ran(release: Release, namespace: str) -> None:
     """The Dockerfile's image carries nvidia-ctk and nvidia-cdi-hook: the plugin copied the hook next to its
     sockets, the claim's CDI spec names NVIDIA's hooks, and the runtime ran them in the container."""
+    files = release.node_files
     hook = KUBELET_DIR / "plugins" / DRIVER_NAME / "nvidia-cdi-hook"
-    assert hook.is_file() and os.access(hook, os.X_OK), f"{hook} missing: the plugin did not install the hook"
-    specs = sorted(Path("/var/run/cdi").glob("k8s.gpu.nvidia.com-claim_*.json"))
+    assert files.is_executable_file(hook), f"{hook} missing: the plugin did not install the hook"
+    specs = files.glob(Path("/var/run/cdi"), "k8s.gpu.nvidia.com-claim_*.json")
     assert specs, "no per-claim CDI spec in /var/run/cdi"
-    hooks = json.loads(specs[-1].read_text())["containerEdits"].get("hooks") or []
+    hooks = json.loads(files.read_text(Path(specs[-1])))["containerEdits"].get("hooks") or []
     assert {h["path"] for h in hooks} == {str(hook)}, hooks
     names = [h["args"][1] for h in hooks]
     assert "update-ldcache" in names and "create-symlinks" in names, names
@@ -806,13 +905,6 @@ def _plugin_restarts(kubectl: Kubectl) -> dict[str, int]:
 
 
 _HARDWARE_CLI = (sys.executable, "-m", "dra_gpu.cli.main", "hardware")
-
-
-def _sim_hardware(*args: str) -> None:
-    """`dra-gpu hardware ...` on the driver root the chart's plugin reads (HostToContainer mount)."""
-    argv = [*_HARDWARE_CLI, *args, "--driver-root", str(SIM_DRIVER_ROOT)]
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
-    assert proc.returncode == 0, f"`{' '.join(argv)}` failed: {proc.stderr.strip()}"
 
 
 BURST_PODS = 16
@@ -859,11 +951,13 @@ def test_prepare_burst_with_slow_mig_creation_does_not_restart_the_plugin(
                 }],
             },
         })  # fmt: skip
-    gpus = len(json.loads(_sim_state_json())["gpus"])
+    gpus = len(json.loads(release.sim_hardware("state", "-o", "json"))["gpus"])
     try:
         for index in range(gpus):
             for function in SLOW_MIG_CALLS:
-                _sim_hardware("fault", "-i", str(index), "--function", function, "--delay-seconds", "0.5")
+                release.sim_hardware(
+                    "fault", "-i", str(index), "--function", function, "--delay-seconds", "0.5"
+                )
         started = time.monotonic()
         kubectl.apply(json.dumps({"apiVersion": "v1", "kind": "List", "items": manifest}))
 
@@ -879,14 +973,9 @@ def test_prepare_burst_with_slow_mig_creation_does_not_restart_the_plugin(
         )  # fmt: skip
         release.timings["mig_burst_s"] = time.monotonic() - started
     finally:
-        _sim_hardware("fault", "--clear")
+        release.sim_hardware("fault", "--clear")
     after = _plugin_restarts(kubectl)
     assert after == before, f"the plugin restarted during the burst: before {before}, after {after}"
-
-
-def _sim_state_json() -> str:
-    argv = [*_HARDWARE_CLI, "state", "--driver-root", str(SIM_DRIVER_ROOT), "-o", "json"]
-    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
 
 
 def test_uninstall_removes_pods_and_slices(release: Release, settings: E2ESettings) -> None:
@@ -895,7 +984,12 @@ def test_uninstall_removes_pods_and_slices(release: Release, settings: E2ESettin
     wait_until(
         lambda: not _pods(release.kubectl, PLUGIN_SELECTOR), timeout_s=120, what="the plugin pod to go away"
     )
-    stale = sorted((KUBELET_DIR / "plugins_registry").glob(f"{DRIVER_NAME}-*reg.sock"))
+    # MPS daemon pods are owned by the DaemonSet: the garbage collector deletes them with it (one serving a
+    # claim at uninstall time: e2e/test_chart_security.py)
+    wait_until(
+        lambda: not _pods(release.kubectl, MPS_DAEMON_SELECTOR), timeout_s=120, what="no MPS daemon pod left"
+    )
+    stale = release.node_files.glob(KUBELET_DIR / "plugins_registry", f"{DRIVER_NAME}-*reg.sock")
     assert not stale, f"the stopped plugin left its registration sockets: {stale}"
     left = _node_slices(release.kubectl, release.node)
     if left:
@@ -919,19 +1013,34 @@ OPERATOR_LABEL = "nvidia.com/gpu.present"
 def test_nvidia_chart_values_install_and_nfd_affinity(release: Release, settings: E2ESettings) -> None:
     """A values file written for NVIDIA's chart (its own values.yaml) installs this chart: the plugin runs on
     a node that has only Node Feature Discovery's NVIDIA PCI label (NVIDIA's affinity) and publishes slices.
-    Overridden: the image (NVIDIA's file names NVIDIA's) and, for the simulator, driver root and hardware."""
+    Overridden: the image (NVIDIA's file names NVIDIA's), resources.computeDomains.enabled (refused when
+    true) and, for the simulator, driver root and hardware."""
     assert release.uninstalled, "runs after the first release is gone (one plugin per node)"
-    kubectl, node, image = release.kubectl, release.node, release.image
-    assert image is not None
-    kubectl.run("label", "node", node, f"{OPERATOR_LABEL}-", f"{NFD_LABEL}=true", "--overwrite")
+    kubectl, node = release.kubectl, release.node
+    reference = release.image.reference if release.image is not None else release.image_ref
+    # Only `node` gets NFD's label; the operator's label goes from every GPU node (kind has several), so a
+    # plugin pod anywhere else would mean the affinity does not hold.
+    kubectl.run("label", "node", node, f"{NFD_LABEL}=true", "--overwrite")
+    for each in release.nodes:
+        kubectl.run("label", "node", each, f"{OPERATOR_LABEL}-")
+    # The simulator's hardware: on kind each node's own root (hardware=simulated), else the chart's sim root.
+    simulated = ["hardware=simulated", f"nvidiaDriverRoot={settings.driver_root}"] if ON_KIND else [
+        f"hardware={HARDWARE}", "nvidiaDriverRoot="
+    ]  # fmt: skip
     started = time.monotonic()
     try:
         out = _helm(
             release.helm, settings.kubeconfig, "install", RELEASE, str(CHART_DIR), "-n", NAMESPACE,
             "--create-namespace", "-f", str(NVIDIA_VALUES),
-            "--set", f"image.repository={image.reference.rsplit(':', 1)[0]}",
-            "--set", f"image.tag={image.reference.rsplit(':', 1)[1]}", "--set", "image.pullPolicy=Never",
-            "--set", f"hardware={HARDWARE}", "--set", "nvidiaDriverRoot=",
+            # dra-gpu has no ComputeDomains: NVIDIA's `true` is refused with a message, so it is turned off;
+            # NVIDIA's gates and rate limits reach the plugin (it refuses to start on a value it cannot use)
+            "--set", "resources.computeDomains.enabled=false", "--set", "featureGates.ContextualLogging=true",
+            "--set", "featureGates.MPSSupport=true", "--set", "kubeletPlugin.kubeApiQps=20",
+            "--set", f"image.repository={reference.rsplit(':', 1)[0]}",
+            "--set", f"image.tag={reference.rsplit(':', 1)[1]}", "--set", "image.pullPolicy=Never",
+            *(arg for value in simulated for arg in ("--set", value)),
+            # NVIDIA's file turns ComputeDomains on; the chart refuses that (dra-gpu has none) until told off
+            "--set", "resources.computeDomains.enabled=false",
         )  # fmt: skip
         assert "Ignored values" in out.stdout and "controller" in out.stdout, out.stdout
 
@@ -945,8 +1054,8 @@ def test_nvidia_chart_values_install_and_nfd_affinity(release: Release, settings
         )  # fmt: skip
         assert [p["spec"]["nodeName"] for p in pods] == [node]
         wait_until(
-            lambda: len(_node_slices(kubectl, node)) >= EXPECTED_SLICES or None, timeout_s=120,
-            what=f"{EXPECTED_SLICES} slices from the plugin installed with NVIDIA's values",
+            lambda: len(_node_slices(kubectl, node)) >= _expected_slices(kubectl) or None, timeout_s=120,
+            what=f"{_expected_slices(kubectl)} slices from the plugin installed with NVIDIA's values",
         )  # fmt: skip
         release.timings["nvidia_values_ready_s"] = time.monotonic() - started
     finally:
@@ -956,7 +1065,9 @@ def test_nvidia_chart_values_install_and_nfd_affinity(release: Release, settings
                 "--ignore-not-found",
             )  # fmt: skip
         finally:
-            kubectl.run("label", "node", node, f"{NFD_LABEL}-", f"{OPERATOR_LABEL}=true", "--overwrite")
+            kubectl.run("label", "node", node, f"{NFD_LABEL}-")
+            for each in release.nodes:
+                kubectl.run("label", "node", each, f"{OPERATOR_LABEL}=true", "--overwrite")
             kubectl.run(
                 "delete", "resourceslices.resource.k8s.io", f"--field-selector=spec.driver={DRIVER_NAME}",
                 "--ignore-not-found", check=False,

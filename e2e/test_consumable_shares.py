@@ -1,7 +1,8 @@
-"""NVIDIA's consumable shares on the real cluster: the host plugin restarted with CONSUMABLE_SHARES=memory
+"""NVIDIA's consumable shares on the real cluster: the plugin switched to CONSUMABLE_SHARES=memory (the
+host plugin restarted with it; on kind `helm upgrade --set consumableShares=memory`, the DaemonSet rolled)
 publishes whole GPUs with allowMultipleAllocations, and examples/consumable-shares-memory (NVIDIA's
-memory-sharing demo) runs as its expect.yaml says; the plugin is restarted as it was afterwards
-(test_examples.py skips that example without the flag).
+memory-sharing demo) runs as its expect.yaml says; the plugin is switched back afterwards (test_examples.py
+skips that example without the flag).
 
 NVIDIA's three examples (tests/conformance/nvidia/consumable-shares-*) are also scaled past the node's GPU
 count (12 replicas on a DGX H100), with the plugin in each example's mode: the claims pack onto the GPUs as
@@ -18,10 +19,10 @@ import yaml
 
 from e2e.lib.consumable_shares import (
     NVIDIA_FLAG,
+    SharesSwitch,
     claims_per_gpu,
     claims_per_gpu_limit,
     expected_claims_per_gpu,
-    restart_with_shares,
     scaled_replicas,
     template_requests,
     whole_gpus,
@@ -29,6 +30,7 @@ from e2e.lib.consumable_shares import (
 from e2e.lib.driver import DriverControl, HostDriver
 from e2e.lib.example_runner import ExampleRun, cluster_has
 from e2e.lib.expectations import phase
+from e2e.lib.incluster import InClusterDriver
 from e2e.lib.kubectl import Kubectl
 from e2e.lib.nvidia_conformance import CONFORMANCE_DIR, import_stand_in_image, substitute_stand_in
 from e2e.lib.settings import DriverMode, E2ESettings
@@ -39,23 +41,34 @@ from tests.deploy.expect_model import load_expectation
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "consumable-shares-memory"
 
 
+def switchable(driver: DriverControl) -> HostDriver | InClusterDriver:
+    """The plugin as something whose --consumable-shares mode can be switched (both paths can)."""
+    assert isinstance(driver, HostDriver | InClusterDriver), f"unknown driver {type(driver).__name__}"
+    return driver
+
+
+@pytest.fixture(scope="module")
+def shares(driver: DriverControl) -> Iterator[SharesSwitch]:
+    """The plugin's mode, switched as each test needs and back to none after the module's last test."""
+    switch = SharesSwitch(switchable(driver))
+    try:
+        yield switch
+    finally:
+        switch.reset()
+
+
 @pytest.fixture
-def shared_driver(driver: DriverControl, kubectl: Kubectl) -> Iterator[HostDriver]:
-    if not isinstance(driver, HostDriver):
-        pytest.skip("restarts the host plugin with CONSUMABLE_SHARES (in-cluster: --set consumableShares)")
+def shared_driver(shares: SharesSwitch, kubectl: Kubectl) -> HostDriver | InClusterDriver:
     ok, why = cluster_has("kubernetes>=1.35", kubectl)
     if not ok:
         pytest.skip(f"requires kubernetes>=1.35: {why}")
-    restart_with_shares(driver, "memory")
-    try:
-        yield driver
-    finally:
-        restart_with_shares(driver, "disabled")
+    shares.set("memory")
+    return shares.driver
 
 
 @pytest.mark.e2e
 def test_nvidia_memory_sharing_demo(
-    shared_driver: HostDriver, kubectl: Kubectl, settings: E2ESettings, report_path: Path
+    shared_driver: HostDriver | InClusterDriver, kubectl: Kubectl, settings: E2ESettings, report_path: Path
 ) -> None:
     run = ExampleRun(EXAMPLE, kubectl, shared_driver, settings)
     assert cluster_has("consumable-shares", kubectl)[0]
@@ -88,14 +101,11 @@ def stand_in_image(settings: E2ESettings) -> None:
 @pytest.mark.parametrize("mode", sorted(NVIDIA_FLAG))
 def test_nvidia_example_scaled_past_the_gpu_count(
     mode: str,
-    driver: DriverControl,
+    shares: SharesSwitch,
     kubectl: Kubectl,
     report_path: Path,
     stand_in_image: None,
-    request: pytest.FixtureRequest,
 ) -> None:
-    if not isinstance(driver, HostDriver):
-        pytest.skip("restarts the host plugin with CONSUMABLE_SHARES (in-cluster: --set consumableShares)")
     ok, why = cluster_has("kubernetes>=1.35", kubectl)
     if not ok:
         pytest.skip(f"requires kubernetes>=1.35: {why}")
@@ -108,9 +118,8 @@ def test_nvidia_example_scaled_past_the_gpu_count(
         if isinstance(d, dict)
     ]
     (deployment,) = [d for d in docs if d.get("kind") == "Deployment"]
-    restart_with_shares(driver, NVIDIA_FLAG[mode])
-    request.addfinalizer(lambda: restart_with_shares(driver, "disabled"))
-    gpus = whole_gpus(driver.wait_slices())
+    shares.set(NVIDIA_FLAG[mode])
+    gpus = whole_gpus(shares.driver.wait_slices())
     limit = claims_per_gpu_limit(mode, gpus[0][1], template_requests(docs))
     replicas = scaled_replicas(len(gpus))
     expected = expected_claims_per_gpu([g for g, _ in gpus], limit, replicas)

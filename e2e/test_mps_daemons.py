@@ -2,8 +2,10 @@
 back within 10 s with its limits, a pid that another process holds by then is never signalled, and a claim
 whose GPU fell off the bus unprepares and is cleaned up when the GPU returns.
 
-Host mode only: the test reads the daemon's record under the plugin directory and kills, and impersonates,
-processes on this machine. The chart's daemon pods have the same checks in e2e/test_chart_install.py.
+The killed-daemon test is for the host-process driver, whose daemons are processes the plugin signals by pid:
+it reads the daemon's record under the plugin directory and kills, and impersonates, processes on this
+machine. The chart's daemons are pods (kind): e2e/test_chart_install.py SIGKILLs one and checks it is back
+within 10 s. The GPU-gone test runs on both: on kind the simulator's tools run in the node's plugin pod.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dra_gpu.hardware.sim_tools.mps_records import record_for_pipe_dir
 from e2e.lib.claims import pod_claim_names
 from e2e.lib.cluster_control import feature_enabled
 from e2e.lib.driver import DriverControl, HostDriver, python_cli
+from e2e.lib.incluster import InClusterDriver
 from e2e.lib.kubectl import Kubectl
 from e2e.lib.settings import DRIVER_NAME, E2ESettings
 from e2e.lib.waiting import wait_for_pods, wait_until
@@ -114,7 +117,10 @@ def test_a_killed_daemon_is_back_within_10s_and_a_reused_pid_is_never_signalled(
     10 s, in the same pipe directory and with the same limits, without touching the process that now holds
     the old pid; deleting the pod stops the new daemon and still leaves that process alone."""
     if not isinstance(driver, HostDriver):
-        pytest.skip("kills and impersonates host processes (host mode, the local cluster)")
+        pytest.skip(
+            "the chart's MPS daemons are pods, not processes the plugin signals by pid: on kind "
+            "e2e/test_chart_install.py SIGKILLs a daemon pod's process and checks it is back within 10 s"
+        )
     _run_mps_pod(kubectl, driver, settings, namespace, 40, "4Gi")
     (daemon_id, record), *others = [
         (k, r) for k, r in _records(settings).items() if r.get("threadPercentage") == 40
@@ -168,13 +174,17 @@ def test_a_killed_daemon_is_back_within_10s_and_a_reused_pid_is_never_signalled(
             impostor.wait(10)
 
 
-def _hardware(settings: E2ESettings, *args: str) -> None:
-    argv = [*python_cli(), "hardware", *args, "--driver-root", str(settings.driver_root)]
+def _hardware(driver: HostDriver | InClusterDriver, *args: str) -> None:
+    """The simulator's control tools on the node's driver root: here, or in the node's plugin pod (kind)."""
+    if isinstance(driver, InClusterDriver):
+        driver.hardware(*args)
+        return
+    argv = [*python_cli(), "hardware", *args, "--driver-root", str(driver.settings.driver_root)]
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
     assert proc.returncode == 0, f"`{' '.join(argv)}` failed: {proc.stderr.strip()}"
 
 
-def _sharing_taints(host: HostDriver, uuid: str) -> dict[str, list[str]]:
+def _sharing_taints(host: HostDriver | InClusterDriver, uuid: str) -> dict[str, list[str]]:
     """device name -> values of its gpu.nvidia.com/sharing taints, for every device of the GPU `uuid`."""
     found: dict[str, list[str]] = {}
     for s in host.slices():
@@ -196,8 +206,7 @@ def test_unprepare_with_the_gpu_gone_finishes_and_is_cleaned_when_it_returns(
     cannot restore, so the pod is gone in time; the GPU's devices carry
     `gpu.nvidia.com/sharing=cleanup-pending` (where device taints are on); the GPU comes back (`recover`)
     still in EXCLUSIVE_PROCESS, and the driver's pending restore puts Default back and the taint goes."""
-    if not isinstance(driver, HostDriver):
-        pytest.skip("drives the simulated GPUs of this machine (host mode, the local cluster)")
+    assert isinstance(driver, HostDriver | InClusterDriver), type(driver)
     host = driver
     pods = _run_mps_pod(kubectl, host, settings, namespace, 50, "8Gi")
     claim_obj = kubectl.get_json(CLAIMS, pod_claim_names(pods["pod"])["gpu"], namespace)
@@ -210,7 +219,7 @@ def test_unprepare_with_the_gpu_gone_finishes_and_is_cleaned_when_it_returns(
     taints_on = feature_enabled(kubectl, "DRADeviceTaints")
     lost = False
     try:
-        _hardware(settings, "gpu-lost", "--gpu", str(minor))
+        _hardware(host, "gpu-lost", "--gpu", str(minor))
         lost = True
         started = time.monotonic()
         kubectl.run("delete", "pod", "pod", "-n", namespace, "--wait=true", "--timeout=60s")
@@ -235,7 +244,7 @@ def test_unprepare_with_the_gpu_gone_finishes_and_is_cleaned_when_it_returns(
                 pending_taints, timeout_s=30, explain=host.log_tail,
                 what=f"gpu.nvidia.com/sharing=cleanup-pending on every device of GPU {minor}",
             )  # fmt: skip
-        _hardware(settings, "recover", "--gpu", str(minor))
+        _hardware(host, "recover", "--gpu", str(minor))
         lost = False
 
         def mode() -> int:
@@ -259,4 +268,4 @@ def test_unprepare_with_the_gpu_gone_finishes_and_is_cleaned_when_it_returns(
         )  # fmt: skip
     finally:
         if lost:
-            _hardware(settings, "recover", "--gpu", str(minor))
+            _hardware(host, "recover", "--gpu", str(minor))

@@ -17,7 +17,7 @@ from e2e.lib.cluster_control import restart_local_kubelet
 from e2e.lib.driver import DriverControl, HostDriver, node_slices
 from e2e.lib.example_runner import cluster_has
 from e2e.lib.incluster import InClusterDriver
-from e2e.lib.kubectl import Kubectl
+from e2e.lib.kubectl import Kubectl, KubectlError
 from e2e.lib.settings import E2ESettings
 from e2e.lib.sim_view import mig_instances_by_gpu
 from e2e.lib.waiting import namespace_report, wait_for_pods, wait_until
@@ -192,9 +192,13 @@ def test_plugin_killed_during_unprepare_then_cleanup_completes(
     kubectl: Kubectl, driver: DriverControl, settings: E2ESettings, namespace: str
 ) -> None:
     """SIGKILL in the middle of NodeUnprepareResources of an on-demand MIG claim; after a restart the kubelet
-    retries, and the MIG instance and the claim's CDI spec are gone (the checkpoint carried what to undo)."""
-    if not isinstance(driver, HostDriver):
-        pytest.skip("needs the plugin's fault points (host mode)")
+    retries, and the MIG instance and the claim's CDI spec are gone (the checkpoint carried what to undo).
+
+    Host mode uses the plugin's fault point (`DRA_GPU_FAULT_KILL_AT=unprepare-group-0`). On kind the
+    simulator makes the MIG teardown's first step slow (`dra-gpu hardware fault --delay-seconds`, run in the
+    plugin pod) and the plugin process is SIGKILLed while NodeUnprepareResources waits in it; the kubelet
+    restarts the container in place."""
+    assert isinstance(driver, HostDriver | InClusterDriver), type(driver)
     before = mig_instances_by_gpu(driver.sim_state())
     template = claim_template(
         namespace,
@@ -220,14 +224,17 @@ def test_plugin_killed_during_unprepare_then_cleanup_completes(
     } - {(gpu, key) for gpu, inst in before.items() for key in inst}
     assert len(created) == 1, f"expected one MIG instance created for the claim, got {created}"
     assert any(uid in name for name in driver.cdi_spec_names()), "no CDI spec named after the claim"
-    driver.stop_plugin()
-    driver.start_plugin(env={"DRA_GPU_FAULT_KILL_AT": "unprepare-group-0"})
-    driver.wait_plugin_ready()
-    kubectl.run("delete", "pod", "pod", "-n", namespace, "--wait=false")
-    driver.wait_plugin_exit(timeout_s=settings.pod_timeout_s)
-    assert "fault injection: killing process at step unprepare-group-0" in driver.log_tail(200)
-    driver.start_plugin()
-    driver.wait_plugin_ready()
+    if isinstance(driver, InClusterDriver):
+        _sigkill_in_slow_unprepare(driver, kubectl, namespace, settings.pod_timeout_s)
+    else:
+        driver.stop_plugin()
+        driver.start_plugin(env={"DRA_GPU_FAULT_KILL_AT": "unprepare-group-0"})
+        driver.wait_plugin_ready()
+        kubectl.run("delete", "pod", "pod", "-n", namespace, "--wait=false")
+        driver.wait_plugin_exit(timeout_s=settings.pod_timeout_s)
+        assert "fault injection: killing process at step unprepare-group-0" in driver.log_tail(200)
+        driver.start_plugin()
+        driver.wait_plugin_ready()
 
     def cleaned_up() -> bool:
         now = {(gpu, key) for gpu, inst in mig_instances_by_gpu(driver.sim_state()).items() for key in inst}
@@ -239,3 +246,59 @@ def test_plugin_killed_during_unprepare_then_cleanup_completes(
         what="the MIG instance and CDI spec to be removed",
         explain=lambda: f"MIG now: {mig_instances_by_gpu(driver.sim_state())}\n{driver.log_tail()}",
     )
+
+
+SLOW_TEARDOWN = "nvmlComputeInstanceDestroy"  # the first step of a MIG device's teardown
+TEARDOWN_DELAY_S = 30
+
+
+def _sigkill_in_slow_unprepare(
+    driver: InClusterDriver, kubectl: Kubectl, namespace: str, timeout_s: float
+) -> None:
+    """kind: the first step of the MIG teardown made slow on every GPU (30 s), the pod deleted, and the plugin
+    SIGKILLed a few seconds after the pod's container stopped, while its NodeUnprepareResources waits in that
+    step (the kubelet calls it right after the sandbox is down); faults cleared once the container runs
+    again. The restarted plugin must then destroy the device itself: had the kill come after the teardown,
+    it would find it gone. (The simulator holds its state lock through the delay, so nothing that reads the
+    state, the plugin's metrics included, can say when the call began.)"""
+    gpus = len(driver.sim_state()["gpus"])
+    for index in range(gpus):
+        driver.hardware(
+            "fault", "-i", str(index), "--function", SLOW_TEARDOWN, "--delay-seconds", str(TEARDOWN_DELAY_S)
+        )
+    restarts = driver.plugin_restarts()
+    try:
+        kubectl.run("delete", "pod", "pod", "-n", namespace, "--wait=false")
+
+        def container_stopped() -> bool:
+            pod = kubectl.run("get", "pod", "pod", "-n", namespace, "-o", "json", check=False)
+            if pod.returncode != 0:
+                return True  # gone already
+            statuses = yaml.safe_load(pod.stdout).get("status", {}).get("containerStatuses") or []
+            return all("terminated" in (c.get("state") or {}) for c in statuses)
+
+        wait_until(container_stopped, timeout_s=60, interval_s=0.3, what="the pod's container stopped")
+        time.sleep(5)  # well inside the 30 s teardown step
+        driver.sigkill_plugin()
+        wait_until(
+            lambda: driver.plugin_restarts() > restarts, timeout_s=60, what="the plugin container restarted"
+        )
+    finally:
+        wait_until(
+            lambda: _try_clear_faults(driver), timeout_s=timeout_s, what="the simulator's faults cleared"
+        )
+    driver.wait_plugin_ready()
+    wait_until(
+        lambda: "MIG device destroyed" in driver.log_tail(200), timeout_s=timeout_s,
+        what="the restarted plugin destroying the claim's MIG device (the kill came before the teardown)",
+        explain=driver.log_tail,
+    )  # fmt: skip
+    assert "MIG device already gone" not in driver.log_tail(200), driver.log_tail(200)
+
+
+def _try_clear_faults(driver: InClusterDriver) -> bool:
+    try:
+        driver.hardware("fault", "--clear")
+    except KubectlError:
+        return False  # the restarted container is not up yet
+    return True

@@ -18,6 +18,7 @@ import yaml
 
 from e2e.lib.claims import is_allocated, pod_claim_names
 from e2e.lib.driver import DriverControl, HostDriver, node_slice_selector, node_slices
+from e2e.lib.incluster import InClusterDriver
 from e2e.lib.kubectl import Kubectl
 from e2e.lib.settings import E2ESettings
 from e2e.lib.waiting import namespace_report, wait_for_pods, wait_until
@@ -93,10 +94,15 @@ def test_example_with_missing_device_class_fails_with_event_naming_it(
 def test_no_published_devices_leaves_pod_pending_until_plugin_returns(
     kubectl: Kubectl, driver: DriverControl, settings: E2ESettings, namespace: str
 ) -> None:
-    if not isinstance(driver, HostDriver):
-        pytest.skip("stops and restarts the host-process kubelet plugin (host mode)")
+    """The node's plugin stopped (the host process; on kind its DaemonSet pod, the node unlabelled) and its
+    slices gone: a GPU pod stays Pending saying it cannot allocate its claims, and runs once the plugin is
+    back and has published again."""
+    assert isinstance(driver, HostDriver | InClusterDriver), type(driver)
     assert _node_slice_names(kubectl, driver.node_name), "the driver has published no ResourceSlices"
-    driver.stop_plugin()
+    if isinstance(driver, HostDriver):
+        driver.stop_plugin()
+    else:
+        driver.take_plugin_off_node()
     try:
         # The kubelet wipes a gone plugin's slices after a grace period; do it now rather than wait for it.
         kubectl.run("delete", "resourceslices.resource.k8s.io", node_slice_selector(driver.node_name))
@@ -121,7 +127,9 @@ def test_no_published_devices_leaves_pod_pending_until_plugin_returns(
         _assert_still_pending(kubectl, namespace, "pod")
         assert not _node_slice_names(kubectl, driver.node_name), "slices came back with the plugin stopped"
     finally:
-        if not driver.plugin_running():
+        if isinstance(driver, InClusterDriver):
+            driver.put_plugin_back_on_node()
+        elif not driver.plugin_running():
             driver.start_plugin()
     driver.wait_plugin_ready()
     wait_until(

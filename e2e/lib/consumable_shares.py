@@ -1,6 +1,8 @@
-"""Restart the host-process kubelet plugin with another `--consumable-shares` mode (env CONSUMABLE_SHARES) and
-wait until every whole GPU of the node is published accordingly. One plugin serves one mode, so the tests of
-NVIDIA's consumable-shares examples switch modes around each example and switch back afterwards.
+"""Switch the kubelet plugin to another `--consumable-shares` mode and wait until every whole GPU of the node
+is published accordingly: the host-process plugin is restarted with env CONSUMABLE_SHARES; on kind the
+chart's release is upgraded with `--set consumableShares=<mode>` (the DaemonSet rolls its pods). One plugin
+serves one mode, so the tests of NVIDIA's consumable-shares examples switch modes around each example and
+switch back afterwards.
 
 Also what NVIDIA's examples should give when scaled past the node's GPU count (how many claims each GPU
 holds), and what they gave, for e2e/test_consumable_shares.py."""
@@ -14,10 +16,11 @@ from typing import Any
 from dra_gpu.cel.quantity import parse_quantity_strict
 from e2e.lib.claims import allocated_devices
 from e2e.lib.driver import HostDriver
+from e2e.lib.incluster import InClusterDriver
 from e2e.lib.waiting import wait_until
 
 
-def slices_follow(driver: HostDriver, shared: bool) -> bool:
+def slices_follow(driver: HostDriver | InClusterDriver, shared: bool) -> bool:
     """Every whole GPU of the node published as --consumable-shares says (the slices are updated one by one,
     so one GPU alone could be ahead of the others)."""
     gpus = [
@@ -29,17 +32,41 @@ def slices_follow(driver: HostDriver, shared: bool) -> bool:
     return bool(gpus) and all(bool(d.get("allowMultipleAllocations")) == shared for d in gpus)
 
 
-def restart_with_shares(driver: HostDriver, shares: str) -> None:
+def restart_with_shares(driver: HostDriver | InClusterDriver, shares: str) -> None:
     """`shares`: disabled, memory, unlimited or a positive integer (NVIDIA's values)."""
-    driver.stop_plugin()
-    driver.start_plugin(env={"CONSUMABLE_SHARES": shares})
-    driver.wait_plugin_ready()
+    if isinstance(driver, InClusterDriver):
+        # The chart's value: empty is the chart's default (one claim per device).
+        driver.upgrade_chart({"consumableShares": "" if shares == "disabled" else shares})
+    else:
+        driver.stop_plugin()
+        driver.start_plugin(env={"CONSUMABLE_SHARES": shares})
+        driver.wait_plugin_ready()
     wait_until(
         lambda: slices_follow(driver, shares != "disabled") or None,
         timeout_s=90,
         what=f"the slices to follow --consumable-shares={shares}",
         explain=driver.log_tail,
     )
+
+
+class SharesSwitch:
+    """The plugin's consumable-shares mode for a run of tests: switched only when a test needs another mode,
+    back to none at `reset()` (a module fixture's teardown). Each switch restarts the host plugin or rolls the
+    chart's DaemonSet on every node, so consecutive tests in modes other than none do not go back in between.
+    """
+
+    def __init__(self, driver: HostDriver | InClusterDriver) -> None:
+        self.driver = driver
+        self.current = "disabled"
+
+    def set(self, shares: str) -> None:
+        if shares != self.current:
+            self.current = "unknown"  # a failed switch leaves the mode unknown: reset() switches back
+            restart_with_shares(self.driver, shares)
+            self.current = shares
+
+    def reset(self) -> None:
+        self.set("disabled")
 
 
 # ------------------------------------------------------------------------- packing (pure, unit-tested)

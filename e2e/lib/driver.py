@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,6 +60,30 @@ def node_slices(kubectl: Kubectl, node: str) -> list[dict[str, Any]]:
     out = kubectl.run("get", "resourceslices.resource.k8s.io", "-o", "json", node_slice_selector(node)).stdout
     items: list[dict[str, Any]] = json.loads(out).get("items", [])
     return items
+
+
+def wait_complete_pool(
+    kubectl: Kubectl, node: str, timeout_s: float = 90, explain: Callable[[], str] | None = None
+) -> list[dict[str, Any]]:
+    """The node's pool once complete: every slice of its newest generation is there, with devices."""
+
+    def complete() -> list[dict[str, Any]] | None:
+        slices = node_slices(kubectl, node)
+        if not slices:
+            return None
+        newest = max(int(s["spec"]["pool"]["generation"]) for s in slices)
+        current = [s for s in slices if int(s["spec"]["pool"]["generation"]) == newest]
+        want = int(current[0]["spec"]["pool"]["resourceSliceCount"])
+        if len(current) != want or not any(s["spec"].get("devices") for s in current):
+            return None
+        return current
+
+    return wait_until(
+        complete,
+        timeout_s=timeout_s,
+        what=f"the complete ResourceSlice pool of {DRIVER_NAME} on {node}",
+        explain=explain,
+    )
 
 
 def python_cli() -> list[str]:
@@ -140,6 +164,8 @@ class HostDriver:
             # them and starts them as detached processes instead (docs/ARCHITECTURE.md "MPS daemons").
             "MPS_DAEMON_MODE": "process",
             "MPS_DAEMON_IMAGE": None,
+            # the daemon pods' owner (the chart's DaemonSet, found from the plugin's pod): no pods here
+            "POD_NAME": None,
         }
         try:
             docs, _ = chart.render_chart({"hardware": s.hardware})
@@ -334,24 +360,7 @@ class HostDriver:
 
     def wait_slices(self, timeout_s: float = 90) -> list[dict[str, Any]]:
         """The node's pool once complete: every slice of its newest generation is there, with devices."""
-
-        def complete() -> list[dict[str, Any]] | None:
-            slices = self.slices()
-            if not slices:
-                return None
-            newest = max(int(s["spec"]["pool"]["generation"]) for s in slices)
-            current = [s for s in slices if int(s["spec"]["pool"]["generation"]) == newest]
-            want = int(current[0]["spec"]["pool"]["resourceSliceCount"])
-            if len(current) != want or not any(s["spec"].get("devices") for s in current):
-                return None
-            return current
-
-        return wait_until(
-            complete,
-            timeout_s=timeout_s,
-            what=f"the complete ResourceSlice pool of {DRIVER_NAME} on {self.node_name}",
-            explain=self.log_tail,
-        )
+        return wait_complete_pool(self.kubectl, self.node_name, timeout_s, self.log_tail)
 
     def uninstall(self) -> None:
         """Stop what install() started. DeviceClasses stay when examples still use them; delete them last."""

@@ -376,7 +376,10 @@ def cluster_has(requirement: str, kubectl: Kubectl) -> tuple[bool, str]:
             for s in kubectl.items("resourceslices.resource.k8s.io")
             for d in s.get("spec", {}).get("devices") or []
         )
-        return ok, "no whole GPU allows multiple allocations (the driver runs without --consumable-shares)"
+        return ok, (
+            "no whole GPU allows multiple allocations (the driver runs without --consumable-shares; "
+            "e2e/test_consumable_shares.py runs this example with the mode switched)"
+        )
     if requirement.startswith("kubernetes>="):
         # Some examples need scheduler behaviour that older releases lack (e.g. 1.34's alpha consumable
         # capacity does not allocate the share devices, which also consume the GPU's shared counters).

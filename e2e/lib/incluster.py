@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
+from e2e.lib.chart import CHART_DIR, find_helm
+from e2e.lib.container_client import container_ids, host_pid_of_container
+from e2e.lib.driver import node_slices, wait_complete_pool
 from e2e.lib.kubectl import Kubectl
 from e2e.lib.settings import E2ESettings
 from e2e.lib.waiting import wait_until
 
 PLUGIN_SELECTOR = "app.kubernetes.io/component=kubelet-plugin"
+GPU_NODE_LABEL = (
+    "nvidia.com/gpu.present"  # the chart's kubeletPlugin.gpuNodeLabel; kind's GPU workers have it
+)
 
 
 class InClusterDriver:
@@ -99,6 +108,73 @@ class InClusterDriver:
         wait_until(
             ready, timeout_s=timeout_s, what="the kubelet-plugin pod to be Ready", explain=self.log_tail
         )
+
+    def sigkill_plugin(self) -> None:
+        """SIGKILL the plugin process itself, as the node's root would (the kubelet restarts the container in
+        place; a forced pod delete would replace the pod instead). kind nodes' processes are this host's."""
+        pod = self._plugin_pod()
+        cid = container_ids(pod).get("plugin")
+        pid = host_pid_of_container(cid or "")
+        if pid is None:
+            raise RuntimeError(
+                f"no host process of the plugin container of {pod['metadata']['name']} ({cid})"
+            )
+        os.kill(pid, signal.SIGKILL)
+
+    def take_plugin_off_node(self, timeout_s: float = 120) -> None:
+        """The node's plugin stopped the way an admin does it with a DaemonSet: the node loses the GPU label
+        the chart's DaemonSet selects on, and its pod is deleted. `put_plugin_back_on_node` undoes it."""
+        self.kubectl.run("label", "node", self.node_name, f"{GPU_NODE_LABEL}-")
+        wait_until(
+            lambda: not self.plugin_on_node(), timeout_s=timeout_s,
+            what=f"the plugin pod on {self.node_name} gone",
+        )  # fmt: skip
+
+    def put_plugin_back_on_node(self) -> None:
+        self.kubectl.run("label", "node", self.node_name, f"{GPU_NODE_LABEL}=true", "--overwrite")
+
+    def plugin_on_node(self) -> bool:
+        return any(
+            p["spec"].get("nodeName") == self.node_name
+            for p in self.kubectl.items("pods", self.namespace, PLUGIN_SELECTOR)
+        )
+
+    def plugin_restarts(self) -> int:
+        statuses = self._plugin_pod().get("status", {}).get("containerStatuses") or []
+        return sum(int(c.get("restartCount", 0)) for c in statuses)
+
+    def hardware(self, *args: str) -> str:
+        """`dra-gpu hardware <args>` on this node's simulated driver root, run in its plugin pod (the root is
+        mounted there read-write, as on the node): the simulator's control tools, reached through kubectl."""
+        return self._exec("dra-gpu", "hardware", *args, "--driver-root", str(self.settings.driver_root))
+
+    def slices(self) -> list[dict[str, Any]]:
+        return node_slices(self.kubectl, self.node_name)
+
+    def wait_slices(self, timeout_s: float = 90) -> list[dict[str, Any]]:
+        return wait_complete_pool(self.kubectl, self.node_name, timeout_s, self.log_tail)
+
+    def upgrade_chart(self, values: Mapping[str, str | None], timeout_s: int = 300) -> None:
+        """`helm upgrade --reuse-values --set-string k=v ...` of the release the suite runs against,
+        waiting for the plugin DaemonSet's rollout (every node's plugin restarted with the new values)."""
+        helm = find_helm()
+        if helm is None:
+            raise RuntimeError("no helm: build it with `e2e/cluster/build.sh helm`")
+        argv = [
+            helm, f"--kubeconfig={self.settings.kubeconfig}", "upgrade", self.settings.chart_release,
+            str(CHART_DIR), "-n", self.namespace, "--reuse-values", "--wait", f"--timeout={timeout_s}s",
+        ]  # fmt: skip
+        for key, value in values.items():
+            # strings stay strings (an env value "2" is not the number 2); None puts the chart default back
+            argv += ["--set", f"{key}=null"] if value is None else ["--set-string", f"{key}={value}"]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s + 60, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"`{' '.join(argv)}` exited {done.returncode}: {done.stderr.strip()}")
+        self.kubectl.run(
+            "rollout", "status", "daemonset", "-n", self.namespace, "-l", PLUGIN_SELECTOR,
+            f"--timeout={timeout_s}s", timeout=timeout_s + 30,
+        )  # fmt: skip
+        self.wait_plugin_ready()
 
     def restart_kubelet(self) -> None:
         """kind nodes are containers running systemd: restart the kubelet unit in the node container."""

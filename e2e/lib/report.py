@@ -10,7 +10,8 @@ import argparse
 import json
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,19 @@ def junit_outcomes(path: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
+def outcome_counts(outcomes: Sequence[tuple[str, str, str]]) -> str:
+    """`N tests: P passed, S skipped, ...`, then one line per skip reason with its count (what a cluster here
+    could not show, and why)."""
+    counts = Counter(outcome for _, outcome, _ in outcomes)
+    order = ("pass", "FAIL", "ERROR", "skip")
+    names = {"pass": "passed", "FAIL": "failed", "ERROR": "errors", "skip": "skipped"}
+    parts = [f"{counts[o]} {names[o]}" for o in order if counts[o]]
+    lines = [f"{len(outcomes)} tests: {', '.join(parts)}"]
+    reasons = Counter(message for _, outcome, message in outcomes if outcome == "skip")
+    lines += [f"  skipped x{n}: {reason}" for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.lib.report")
     parser.add_argument("--report", default=str(ARTIFACTS_DIR / "e2e-report.json"))
@@ -94,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if outcomes:
         print("\n== tests")
         print(render_table(("test", "result", "message"), outcomes, max_width=90))
+        print(outcome_counts(outcomes))
     print("\n== timings")
     print(timings_table(timings, TIMING_LABELS))
     for note in report.notes:

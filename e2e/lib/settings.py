@@ -41,6 +41,9 @@ class E2ESettings:
     webhook_port: int
     namespace_prefix: str
     chart_namespace: str  # where the chart runs in in-cluster mode
+    chart_release: str  # the release e2e/kind/run.sh installed there
+    chart_values: Path | None  # the values file of that release: a test that uninstalls it installs it again
+    hardware_nodes: Mapping[str, str]  # kind: hardware layout -> the (cordoned) node that simulates it
     pod_timeout_s: float
 
     @property
@@ -89,6 +92,19 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
         raise ValueError(f"{key}={raw!r} is not an integer; unset it or give a port number") from exc
 
 
+def _hardware_nodes(raw: str) -> dict[str, str]:
+    """DRA_GPU_E2E_HARDWARE_NODES: `layout=node,layout=node` (e2e/kind/run.sh: one node per extra layout)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        layout, sep, node = item.partition("=")
+        if not sep or not layout or not node:
+            raise ValueError(
+                f"DRA_GPU_E2E_HARDWARE_NODES: {item!r} is not layout=node (e.g. dgx-a100=dra-gpu-worker3)"
+            )
+        out[layout] = node
+    return out
+
+
 def load_settings(env: Mapping[str, str] = os.environ) -> E2ESettings:
     artifacts = Path(env.get("DRA_GPU_E2E_ARTIFACTS") or ARTIFACTS_DIR)
     raw_mode = env.get("DRA_GPU_E2E_MODE", DriverMode.HOST.value)
@@ -117,5 +133,8 @@ def load_settings(env: Mapping[str, str] = os.environ) -> E2ESettings:
         webhook_port=_int(env, "DRA_GPU_E2E_WEBHOOK_PORT", 18443),
         namespace_prefix=env.get("DRA_GPU_E2E_NS_PREFIX", "e2e-"),
         chart_namespace=env.get("DRA_GPU_E2E_CHART_NAMESPACE", "dra-gpu"),
+        chart_release=env.get("DRA_GPU_E2E_CHART_RELEASE", "dra-gpu"),
+        chart_values=Path(env["DRA_GPU_E2E_CHART_VALUES"]) if env.get("DRA_GPU_E2E_CHART_VALUES") else None,
+        hardware_nodes=_hardware_nodes(env.get("DRA_GPU_E2E_HARDWARE_NODES", "")),
         pod_timeout_s=float(env.get("DRA_GPU_E2E_POD_TIMEOUT", "120")),
     )

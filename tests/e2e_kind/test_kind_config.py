@@ -101,7 +101,7 @@ def test_containerd_reads_cdi_specs_where_the_plugin_writes_them(kind_config: di
 def test_workers_are_gpu_nodes_each_with_its_own_simulated_driver_root(kind_config: dict[str, Any]) -> None:
     cluster = _cluster_module()
     workers = [n for n in kind_config["nodes"] if n["role"] == "worker"]
-    assert len(workers) == 2
+    assert len(workers) == 4  # DGX H100, L40S, DGX A100 (MIG as gpu-test4 needs), 2x GH200 (run.sh SIM_NODES)
     chart_values = yaml.safe_load((CHART / "values.yaml").read_text())
     values = yaml.safe_load((KIND / "values.yaml").read_text())
     run_sh = (KIND / "run.sh").read_text()
@@ -212,3 +212,36 @@ def test_run_script_selects_in_cluster_mode() -> None:
         load_settings({"DRA_GPU_E2E_MODE": "kind"})
     syntax = subprocess.run(["bash", "-n", str(KIND / "run.sh")], capture_output=True, text=True, check=False)
     assert syntax.returncode == 0, syntax.stderr
+
+
+def test_config_rendered_for_a_version_keeps_the_gates_that_version_knows(
+    kind_config: dict[str, Any],
+) -> None:
+    """run.sh renders cluster.yaml per version (cluster_config.py): the gates are the local cluster's that the
+    version's kube-apiserver knows (1.34 still has DRAAdminAccess, which 1.37 made GA and removed), each
+    worker mounts its own driver root, and the image tags are filled in."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("cluster_config", KIND / "cluster_config.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    known_134 = {"DRAAdminAccess", "DRAPartitionableDevices", "DynamicResourceAllocation", "NoSuchGate"}
+    config = module.render(
+        kind_config, known_134 | {"DRADeviceTaints"}, "other", "/roots", "3.6.0-0", "v1.12.0"
+    )
+    assert config["runtimeConfig"]["resource.k8s.io/v1alpha3"] == "true"  # DeviceTaintRules while gated
+    config = module.render(kind_config, known_134, "other", "/roots", "3.6.0-0", "v1.12.0")
+    assert "resource.k8s.io/v1alpha3" not in config["runtimeConfig"]
+    assert config["featureGates"] == {
+        "DRAPartitionableDevices": True, "DRAAdminAccess": True, "DynamicResourceAllocation": True
+    }  # fmt: skip
+    assert config["name"] == "other"
+    roots = [m["hostPath"] for n in config["nodes"] if n["role"] == "worker" for m in n["extraMounts"]]
+    assert roots == [f"/roots/other-worker{s}/driver-root" for s in ("", "2", "3", "4")]
+    assert "imageTag: 3.6.0-0" in config["kubeadmConfigPatches"][0]
+    assert "v1.12.0" in config["kubeadmConfigPatches"][0]
+    known = _known_gates()
+    if known is not None:  # for the pinned version, the rendering is cluster.yaml's own gates
+        pinned = module.render(kind_config, known, "dra-gpu", "/tmp/dra-gpu-kind", "x", "y")
+        assert pinned["featureGates"] == kind_config["featureGates"]
