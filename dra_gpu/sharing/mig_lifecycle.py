@@ -115,9 +115,9 @@ class MigLifecycle:
                         f"{existing.placement.size}); a device that overlaps it was probably created outside "
                         "this driver"
                     )
-        # The intent first: killed after NVML made the instance and before `createdMig` names it, start-up
-        # finds it by this (destroy_unowned); without it the instance leaked and its placement stayed taken
-        # for every later claim (found by the soak, tests/soak).
+        # The intent first: killed after NVML made the instance (or only its GPU instance, the first of two
+        # calls) and before `createdMig` names it, start-up finds it by this (destroy_unowned); without it the
+        # instance leaked and its placement stayed taken for every later claim (found by the soak).
         intent = [gpu.uuid, spec.gi_profile_id, spec.placement_start, gpu.mig_enabled]
         with self._registry.update() as data:
             data["creatingMig"].append(intent)
@@ -249,24 +249,48 @@ class MigLifecycle:
         with self._registry.update() as data:
             data["creatingMig"] = [i for i in data["creatingMig"] if i != intent]
 
-    def _adopt_interrupted(self, owned: set[tuple[str, int, int]], gpus: Sequence[GpuInfo]) -> None:
+    def _adopt_interrupted(
+        self, owned: set[tuple[str, int, int]], gpus: Sequence[GpuInfo]
+    ) -> list[tuple[str, int]]:
         """At start-up: an instance at the placement of a creation that was under way (its intent left in
         the registry), which neither `createdMig` nor a checkpointed claim names, was made by us just before a
-        crash: record it as created (so `destroy_unowned` destroys it) and its MIG mode as switched on by us
-        when it was off. Then the intents are done with."""
+        crash: record it as created (so `destroy_unowned` destroys it). MIG mode that was off at the intent
+        and is on now was switched on by that creation (even when the kill came before any GPU instance was
+        made): recorded as ours, so it is switched off again once no MIG device is left. Then the intents are
+        done with.
+
+        Returns (parent uuid, gi id) of the GPU instances left empty at an intent's placement: NVML makes a
+        MIG device in two calls (GPU instance, then compute instance), and a kill between them leaves a GPU
+        instance with no compute instance, hence no MIG device uuid to record; it still holds its memory
+        slices and placement, so the caller destroys it (found by the soak, SOAK_SEED=31)."""
+        empty: list[tuple[str, int]] = []
         with self._registry.update() as data:
             intents = list(data["creatingMig"])
             known = {tuple(k[:3]) for k in data["createdMig"]} | owned
+            known_gis = {k[:2] for k in known}
             for parent, profile_id, start, mig_was_on in intents:
                 for gpu in gpus:
-                    for i in gpu.mig_instances if gpu.uuid == parent else ():
+                    if gpu.uuid != parent:
+                        continue
+                    for i in gpu.mig_instances:
                         key = (i.parent_uuid, i.gi_id, i.ci_id)
                         if (i.gi_profile_id, i.placement.start) == (profile_id, start) and key not in known:
                             log.warning("MIG device made just before a crash; destroying it", uuid=i.uuid)
                             data["createdMig"].append([*key, i.uuid])
-                            if not mig_was_on and parent not in data["migModeEnabled"]:
-                                data["migModeEnabled"].append(parent)
+                    for e in gpu.mig_empty_gpu_instances:
+                        gi_key = (parent, e.gi_id)
+                        at_intent = (e.gi_profile_id, e.placement.start) == (profile_id, start)
+                        if at_intent and gi_key not in known_gis:
+                            log.warning(
+                                "GPU instance left empty by a crash while creating; destroying it",
+                                gpu=parent,
+                                gi=e.gi_id,
+                            )
+                            empty.append(gi_key)
+                    if not mig_was_on and gpu.mig_enabled and parent not in data["migModeEnabled"]:
+                        data["migModeEnabled"].append(parent)
             data["creatingMig"] = []
+        return empty
 
     def _forget(self, parent: str, gi_id: int, ci_id: int, uuid: str | None = None) -> None:
         """Drop an instance from the registry (entries written before the uuid was recorded have 3 fields).
@@ -304,12 +328,19 @@ class MigLifecycle:
 
     def destroy_unowned(self, owned: set[tuple[str, int, int]], gpus: Sequence[GpuInfo]) -> list[str]:
         """Destroy the instances we created that no checkpointed claim owns. Returns what was destroyed."""
-        self._adopt_interrupted(owned, gpus)
+        left_empty = self._adopt_interrupted(owned, gpus)
         with self._registry.update() as data:
             created = [tuple(k) for k in data["createdMig"]]
         by_key = {(i.parent_uuid, i.gi_id, i.ci_id): i for g in gpus for i in g.mig_instances}
         empty = {(g.uuid, e.gi_id) for g in gpus for e in g.mig_empty_gpu_instances}
         destroyed: list[str] = []
+        for parent, gi_id in left_empty:
+            try:  # no compute instance: any ci id finds none, and the GPU instance goes
+                self._hardware.destroy_mig_device(parent, gi_id, 0)
+            except HardwareError as err:
+                log.error("cannot destroy an empty GPU instance", gpu=parent, gi=gi_id, error=str(err))
+                continue
+            destroyed.append(f"empty GPU instance (GPU {parent} gi={gi_id})")
         for key in created:
             parent, gi_id, ci_id = str(key[0]), int(key[1]), int(key[2])
             if (parent, gi_id, ci_id) in owned:

@@ -298,3 +298,59 @@ def test_start_up_destroys_a_gpu_instance_left_empty_by_a_crash(
     assert len(node.manager().destroy_unowned_mig(set())) == 1
     gpu = node.state().gpus[0]
     assert gpu.gpu_instances == [] and gpu.mig_current is False
+
+
+@pytest.mark.parametrize("mig_was_on", [False, True])
+def test_a_gpu_instance_left_empty_by_a_crash_during_creation_is_destroyed_at_start_up(
+    node: SimNode, monkeypatch: pytest.MonkeyPatch, mig_was_on: bool
+) -> None:
+    """Found by the soak (tests/soak, SOAK_SEED=31): killed between NVML making the GPU instance and its
+    compute instance (two calls), start-up looked for the intent's MIG device among the full ones only, found
+    none and dropped the intent: the empty GPU instance stayed, nobody's, its placement withheld from the
+    model (the retried prepare was refused: "names device ..., which node ... does not have")."""
+    if mig_was_on:
+        node.hardware.set_mig_mode(node.uuid(), True)
+    device = dynamic(node, "3g.40gb", 4)
+    call = node.hardware._call
+
+    def die_before_the_compute_instance(what: str, function: str, *args: object) -> object:
+        if function == "nvmlGpuInstanceCreateComputeInstance":
+            raise _Killed
+        return call(what, function, *args)
+
+    monkeypatch.setattr(node.hardware, "_call", die_before_the_compute_instance)
+    with pytest.raises(_Killed):
+        node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])
+    monkeypatch.undo()
+    assert node.hardware.list_mig_devices(node.uuid()) == []  # no MIG device, but its GPU instance
+    assert len(node.state().gpus[0].gpu_instances) == 1
+
+    assert len(node.manager().destroy_unowned_mig(set())) == 1  # the next start
+    gpu = node.state().gpus[0]
+    assert gpu.gpu_instances == [] and gpu.mig_current is mig_was_on  # MIG mode off again if we switched it
+    node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])  # the placement is free
+    assert len(node.state().gpus[0].gpu_instances) == 1
+
+
+def test_mig_mode_switched_on_by_a_creation_killed_before_its_gpu_instance_is_switched_off_at_start_up(
+    node: SimNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same kill one NVML call earlier: MIG mode was switched on for the creation and no GPU instance was
+    made yet. Nothing else needs MIG mode there, so start-up switches it off (MIG mode left on withholds the
+    whole GPU from the model)."""
+    device = dynamic(node, "3g.40gb", 4)
+    call = node.hardware._call
+
+    def die_before_the_gpu_instance(what: str, function: str, *args: object) -> object:
+        if function == "nvmlDeviceCreateGpuInstanceWithPlacement":
+            raise _Killed
+        return call(what, function, *args)
+
+    monkeypatch.setattr(node.hardware, "_call", die_before_the_gpu_instance)
+    with pytest.raises(_Killed):
+        node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])
+    monkeypatch.undo()
+    assert node.state().gpus[0].mig_current is True and node.state().gpus[0].gpu_instances == []
+
+    node.manager().destroy_unowned_mig(set())  # the next start
+    assert node.state().gpus[0].mig_current is False

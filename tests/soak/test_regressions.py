@@ -23,6 +23,12 @@ invariants of tests/soak/invariants.py); each bug also has a focused test next t
 7. On a full disk, start-up's read of the MIG devices it created (a registry update that wrote even when it
    changed nothing) failed before any leftover was destroyed; the leftover stayed for good.
    -> tests/sharing/test_registry.py::test_an_update_that_changes_nothing_writes_nothing
+8. Killed between NVML making a MIG device's GPU instance and its compute instance, start-up looked for the
+   creation's device among the full MIG devices only and dropped its intent: the empty GPU instance stayed,
+   nobody's; the retried prepare was refused (its device withheld from the model) and the instance outlived
+   the claim's unprepare (SOAK_SEED=31).
+   -> tests/sharing/test_mig_lifecycle.py::
+      test_a_gpu_instance_left_empty_by_a_crash_during_creation_is_destroyed_at_start_up
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import time
 
 import pytest
 
+from dra_gpu.hardware.sim_driver_root import open_simulated_nvml
+from dra_gpu.hardware.simulator.state import Fault
 from tests.soak.driver import Step, run_node
 from tests.soak.kubelet_view import Phase, SoakClaim
 from tests.soak.machine import SoakEnvironment, SoakRun
@@ -86,6 +94,33 @@ def test_a_killed_mps_daemon_on_a_full_disk_leaves_no_daemon_running(soak_env: S
         run.node_matches_claims()  # restarted within the settle time: one daemon, its own, with its limits
         assert len(run.soak.live_daemons()) == 1
         run.teardown_checks()
+    finally:
+        run.close()
+
+
+def test_a_prepare_killed_between_the_gpu_instance_and_its_compute_instance_leaves_nothing(
+    soak_env: SoakEnvironment,
+) -> None:
+    """Bug 8's scenario. NVML's compute-instance creation is slowed down (a simulator delay fault) so that the
+    kill lands after the GPU instance exists and before its compute instance does; the restarted plugin must
+    destroy that GPU instance, so the kubelet's retry prepares the claim and its unprepare leaves nothing."""
+    run = SoakRun(H100, soak_env, SoakStats())
+    try:
+        run.allocate_claim(kind("mig"), 1)
+        nvml = open_simulated_nvml(run.soak.node.driver_root)
+        slow = "nvmlGpuInstanceCreateComputeInstance"
+        with nvml.store.transaction() as state:
+            state.faults.extend(Fault(i, slow, 0, 5.0) for i in range(len(state.gpus)))
+        run.kill_plugin_at_random([0], delay_ms=2500)
+        (claim,) = run.claims
+        assert claim.phase is Phase.IN_DOUBT
+        with nvml.store.transaction() as state:
+            state.faults = [f for f in state.faults if f.function != slow]
+        # (the restarted plugin has run its start-up cleanup by now: the precondition is read from history)
+        run.kubelet_retry(0)
+        assert phase_of(claim) is Phase.PREPARED, claim.history
+        run.node_matches_claims()
+        run.teardown_checks()  # unprepared: no MIG instance may be left
     finally:
         run.close()
 
