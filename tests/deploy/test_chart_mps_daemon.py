@@ -3,13 +3,12 @@ policy that agrees with both (the API server's own verdicts are in test_chart_mp
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
-from dra_gpu.cli.kubelet_plugin import daemon_pod_settings
 from dra_gpu.sharing.mps_pods import PodLauncher
 
+from .mps_daemon_env import settings_from_env
 from .test_chart import NAMESPACE, _env, _one, _plugin, _policy_verdicts, _template, helm  # noqa: F401  (helm: fixture)
 
 POLICY = "dra-gpu-kubelet-plugin-own-node-mps-pods"
@@ -19,21 +18,11 @@ PLUGIN_USER = f"system:serviceaccount:{NAMESPACE}:dra-gpu-kubelet-plugin"
 def _launcher(docs: list[dict[str, Any]]) -> PodLauncher:
     """The plugin's launcher, configured from the rendered DaemonSet's environment as the plugin is."""
     env = _env(_plugin(docs)[1])
-    args = argparse.Namespace(
-        mps_daemon_image=env["MPS_DAEMON_IMAGE"],
-        mps_daemon_image_pull_policy=env["MPS_DAEMON_IMAGE_PULL_POLICY"],
-        mps_daemon_image_pull_secrets=env.get("MPS_DAEMON_IMAGE_PULL_SECRETS", ""),
-        mps_daemon_service_account=env["MPS_DAEMON_SERVICE_ACCOUNT"],
-        mps_daemon_priority_class=env["MPS_DAEMON_PRIORITY_CLASS"],
-        mps_daemon_tolerations=env["MPS_DAEMON_TOLERATIONS"],
-        mps_daemon_resources=env["MPS_DAEMON_RESOURCES"],
-        hardware=env["HARDWARE"],
-    )
     return PodLauncher(
         None,
         namespace=NAMESPACE,
         node_name="node-a",
-        settings=daemon_pod_settings(args),
+        settings=settings_from_env(env),
         host_driver_root=env["NVIDIA_DRIVER_ROOT"],
         container_driver_root=env["CONTAINER_DRIVER_ROOT"],
     )

@@ -9,7 +9,6 @@ the daemon pod is the one the plugin makes, from the chart's rendered environmen
 
 from __future__ import annotations
 
-import argparse
 import copy
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,9 +18,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dra_gpu.cli.kubelet_plugin import daemon_pod_settings
 from dra_gpu.sharing.mps_pods import PodLauncher
 
+from .mps_daemon_env import settings_from_env
 from .test_chart_apiserver import _as_plugin, _create, _eventually, _render
 
 pytestmark = pytest.mark.apiserver
@@ -43,17 +42,7 @@ def namespace(kube_apiserver: Any) -> Iterator[str]:
 def _settings_from(daemonset: dict[str, Any]) -> tuple[Any, dict[str, str]]:
     """The plugin's DaemonPodSettings, parsed from the rendered DaemonSet's environment as the plugin does."""
     env = {e["name"]: e.get("value") for e in daemonset["spec"]["template"]["spec"]["containers"][0]["env"]}
-    args = argparse.Namespace(
-        mps_daemon_image=env["MPS_DAEMON_IMAGE"],
-        mps_daemon_image_pull_policy=env["MPS_DAEMON_IMAGE_PULL_POLICY"],
-        mps_daemon_image_pull_secrets=env.get("MPS_DAEMON_IMAGE_PULL_SECRETS", ""),
-        mps_daemon_service_account=env["MPS_DAEMON_SERVICE_ACCOUNT"],
-        mps_daemon_priority_class=env["MPS_DAEMON_PRIORITY_CLASS"],
-        mps_daemon_tolerations=env["MPS_DAEMON_TOLERATIONS"],
-        mps_daemon_resources=env["MPS_DAEMON_RESOURCES"],
-        hardware=env["HARDWARE"],
-    )
-    return daemon_pod_settings(args), env
+    return settings_from_env(env), env
 
 
 def _record(daemon_id: str, kubelet_dir: str = "/var/lib/kubelet") -> dict[str, Any]:

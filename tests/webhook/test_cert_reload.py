@@ -5,48 +5,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import ssl
-import subprocess
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from webhook_helpers import Cert, make_cert
+from webhook_helpers import Cert, make_cert, served_common_name, serving
 
 from dra_gpu.webhook.server import TlsFiles, WebhookServer
 
 
-@contextmanager
-def running(cert_file: Path, key_file: Path) -> Iterator[WebhookServer]:
-    server = WebhookServer("127.0.0.1", 0, TlsFiles(str(cert_file), str(key_file)))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
-def _served_subject(port: int) -> str:
-    """The CN of the certificate the server presents to a new connection (the handshake must succeed)."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, context.wrap_socket(raw) as tls:
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    out = subprocess.run(
-        ["openssl", "x509", "-inform", "DER", "-noout", "-subject"],
-        input=der,
-        capture_output=True,
-        check=True,
-    )
-    return out.stdout.decode().strip().rsplit("=", 1)[-1].strip()
+def running(cert_file: Path, key_file: Path) -> AbstractContextManager[WebhookServer]:
+    return serving(WebhookServer("127.0.0.1", 0, TlsFiles(str(cert_file), str(key_file))))
 
 
 def _secret_volume(root: Path, cert: Cert, version: str) -> None:
@@ -75,11 +44,11 @@ def test_a_swapped_secret_volume_is_served_on_the_next_connection(tmp_path: Path
     volume.mkdir()
     _secret_volume(volume, _cert(tmp_path, "first"), "2026_01_01")
     with running(volume / "tls.crt", volume / "tls.key") as server:
-        assert _served_subject(server.port) == "first"
+        assert served_common_name(server.port) == "first"
         _secret_volume(volume, _cert(tmp_path, "second"), "2026_02_01")
-        assert _served_subject(server.port) == "second"
+        assert served_common_name(server.port) == "second"
         _secret_volume(volume, _cert(tmp_path, "third"), "2026_03_01")
-        assert _served_subject(server.port) == "third"
+        assert served_common_name(server.port) == "third"
 
 
 def test_a_half_written_pair_keeps_the_previous_certificate(tmp_path: Path) -> None:
@@ -93,11 +62,11 @@ def test_a_half_written_pair_keeps_the_previous_certificate(tmp_path: Path) -> N
     shutil.copy(first.key_file, key_file)
     with running(cert_file, key_file) as server:
         shutil.copy(second.cert_file, cert_file)  # the key is still first's
-        assert _served_subject(server.port) == "first"
-        assert _served_subject(server.port) == "first"
+        assert served_common_name(server.port) == "first"
+        assert served_common_name(server.port) == "first"
         time.sleep(0.01)
         shutil.copy(second.key_file, key_file)
-        assert _served_subject(server.port) == "second"
+        assert served_common_name(server.port) == "second"
 
 
 def test_files_missing_for_a_moment_keep_the_previous_certificate(tmp_path: Path) -> None:
@@ -109,4 +78,4 @@ def test_files_missing_for_a_moment_keep_the_previous_certificate(tmp_path: Path
     shutil.copy(first.key_file, key_file)
     with running(cert_file, key_file) as server:
         cert_file.unlink()
-        assert _served_subject(server.port) == "first"
+        assert served_common_name(server.port) == "first"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from webhook_helpers import RunningWebhook, make_cert
+from webhook_helpers import RunningWebhook, make_cert, served_common_name, serving
 
 V1B1_CONFIG = "resource.nvidia.com/v1beta1"
 
@@ -185,45 +185,19 @@ def test_unknown_path_is_404(webhook: RunningWebhook) -> None:
 
 
 def test_certificate_is_reloaded_when_the_files_change(tmp_path: Path) -> None:
-    import threading
-
     from dra_gpu.webhook.server import TlsFiles, WebhookServer
 
     first = make_cert(tmp_path, "first")
-    server = WebhookServer("127.0.0.1", 0, TlsFiles(str(first.cert_file), str(first.key_file)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        assert _peer_common_name(server.port) == "first"
+    files = TlsFiles(str(first.cert_file), str(first.key_file))
+    with serving(WebhookServer("127.0.0.1", 0, files)) as server:
+        assert served_common_name(server.port) == "first"
         second_dir = tmp_path / "second"
         second_dir.mkdir()
         second = make_cert(second_dir, "second")
         time.sleep(0.01)
         shutil.copy(second.key_file, first.key_file)
         shutil.copy(second.cert_file, first.cert_file)
-        assert _peer_common_name(server.port) == "second"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
-def _peer_common_name(port: int) -> str:
-    import socket
-
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, context.wrap_socket(raw) as tls:
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    text = subprocess.run(
-        ["openssl", "x509", "-inform", "DER", "-noout", "-subject"],
-        input=der,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    return text.strip().rsplit("=", 1)[-1].strip()
+        assert served_common_name(server.port) == "second"
 
 
 def test_cli_serves_and_stops_on_sigterm(cert: Any) -> None:

@@ -8,11 +8,10 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack
 
 import pytest
-from webhook_helpers import Cert
+from webhook_helpers import Cert, serving
 
 from dra_gpu.webhook.server import TlsFiles, WebhookServer
 
@@ -22,8 +21,7 @@ IDLE_TIMEOUT_S = 1.0
 HANDSHAKE_TIMEOUT_S = 0.5
 
 
-@contextmanager
-def running(cert: Cert, workers: int = WORKERS) -> Iterator[WebhookServer]:
+def running(cert: Cert, workers: int = WORKERS) -> AbstractContextManager[WebhookServer]:
     server = WebhookServer(
         "127.0.0.1",
         0,
@@ -33,14 +31,7 @@ def running(cert: Cert, workers: int = WORKERS) -> Iterator[WebhookServer]:
         idle_timeout_s=IDLE_TIMEOUT_S,
         handshake_timeout_s=HANDSHAKE_TIMEOUT_S,
     )
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    return serving(server)
 
 
 def _healthz(cert: Cert, port: int, timeout_s: float = 15) -> float:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import ssl
 import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,3 +95,33 @@ class RunningWebhook:
         assert answer["response"]["uid"] == uid
         response: dict[str, Any] = answer["response"]
         return response
+
+
+@contextmanager
+def serving(server: WebhookServer) -> Iterator[WebhookServer]:
+    """`server` answering on its port in a thread, shut down and closed on exit."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def served_common_name(port: int) -> str:
+    """The CN of the certificate the server presents to a new connection (the handshake must succeed)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, context.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    out = subprocess.run(
+        ["openssl", "x509", "-inform", "DER", "-noout", "-subject"],
+        input=der,
+        capture_output=True,
+        check=True,
+    )
+    return out.stdout.decode().strip().rsplit("=", 1)[-1].strip()
