@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import stat
 import threading
 from concurrent import futures
@@ -83,6 +84,40 @@ def _prepare_socket_path(path: Path) -> None:
     path.unlink()  # stale socket of a crashed or previous instance: bind would fail on it
 
 
+def _nobody_listens(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False  # busy, or not ours to judge: leave it
+    return False
+
+
+def remove_dead_sockets(paths: SocketPaths, driver_name: str) -> list[Path]:
+    """Remove the sockets of this driver's earlier instances that no process listens on any more.
+
+    With a plugin UID each instance names its sockets after its pod, so an instance that never stopped
+    cleanly (a pod force-deleted, a node crash) leaves sockets no later instance binds again: the kubelet
+    keeps finding a registration socket that refuses it. An instance that is still alive (a rolling update's
+    other pod) accepts the probe and keeps its sockets."""
+    candidates = [
+        *paths.registration.parent.glob(f"{driver_name}-*-reg.sock"),
+        *paths.plugin_dir.glob("dra-*.sock"),
+    ]
+    removed = []
+    for path in candidates:
+        if path in (paths.registration, paths.endpoint) or not stat.S_ISSOCK(path.lstat().st_mode):
+            continue
+        if _nobody_listens(path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            removed.append(path)
+    return removed
+
+
 def _bind(server: grpc.Server, path: Path) -> None:
     _prepare_socket_path(path)
     old_umask = os.umask(0o177)  # the socket is created with mode 0600
@@ -105,6 +140,7 @@ class PluginServer:
         max_workers: int = 32,
     ) -> None:
         self.paths = paths
+        self._driver_name = driver_name
         self.stop_event = threading.Event()
         pool = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dra")
         self._plugin = grpc.server(pool)
@@ -124,8 +160,10 @@ class PluginServer:
         _bind(self._registrar, self.paths.registration)
         self._registrar.start()
         os.chmod(self.paths.registration, SOCKET_MODE)
+        removed = remove_dead_sockets(self.paths, self._driver_name)
         log.info(
             "serving",
+            stale_sockets_removed=[str(p) for p in removed],
             registration=str(self.paths.registration),
             endpoint=str(self.paths.endpoint),
             versions=self.registration.supported_versions,
