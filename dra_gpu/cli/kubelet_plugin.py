@@ -659,11 +659,13 @@ def run(args: argparse.Namespace) -> int:
     log.info("kubelet plugin ready", node=args.node_name, endpoint=str(paths.endpoint))
     stopping.wait()
 
+    plugin_health.stop()  # NOT_SERVING from here on: a probe during shutdown must not see a healthy plugin
+    # The sockets go first: a reconcile pass that is slow to stop (an MPS daemon waited for) could outlast the
+    # pod's grace period, and a SIGKILL then would leave a registration socket the kubelet retries for good.
+    server.stop()
     rediscovery.stop()
     reconciler.stop()
     health_view.stop()
-    plugin_health.stop()  # NOT_SERVING from here on: a probe during shutdown must not see a healthy plugin
-    server.stop()
     for endpoint in endpoints:
         endpoint.stop()
     if health_server is not None:

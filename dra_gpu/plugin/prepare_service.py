@@ -239,12 +239,6 @@ class PrepareService:
         faults: FaultPoints | None = None,
         locks: GpuLocks | None = None,
     ) -> None:
-        # The opaque-config model (pydantic) is imported lazily to keep the plugin's start-up lean, but here,
-        # before any gRPC thread exists: two threads importing it for the first time at once can get a
-        # partially initialized module (the soak saw prepares refused with "partially initialized module
-        # 'dra_gpu.config.api'").
-        import dra_gpu.config.api  # noqa: F401
-
         self.node_name = node_name
         self.pool_name = pool_name or node_name
         self.driver_name = driver_name
