@@ -222,6 +222,18 @@ class _Killed(BaseException):
     """The plugin process dies here (nothing after it runs, no handler catches it)."""
 
 
+def _die_at(monkeypatch: pytest.MonkeyPatch, node: SimNode, wrapper: str, function: str) -> None:
+    """The plugin dies as it is about to make the NVML call `function` (through the hardware's `wrapper`)."""
+    call = getattr(node.hardware, wrapper)
+
+    def die_there(what: str, name: str, *args: object) -> object:
+        if name == function:
+            raise _Killed
+        return call(what, name, *args)
+
+    monkeypatch.setattr(node.hardware, wrapper, die_there)
+
+
 def test_an_instance_made_just_before_a_crash_is_destroyed_at_start_up(
     node: SimNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -259,14 +271,7 @@ def test_a_gpu_instance_left_empty_by_a_crash_is_destroyed_by_the_replayed_unpre
     device = dynamic(node, "2g.20gb", 4)
     manager = node.manager()
     result = manager.prepare_group("claim-1", None, [node.alloc(device.name)])
-    destroy_call = node.hardware._destroy_in_use_aware  # type: ignore[attr-defined]
-
-    def die_before_the_gpu_instance(what: str, function: str, *args: object) -> None:
-        if function == "nvmlGpuInstanceDestroy":
-            raise _Killed
-        destroy_call(what, function, *args)
-
-    monkeypatch.setattr(node.hardware, "_destroy_in_use_aware", die_before_the_gpu_instance)
+    _die_at(monkeypatch, node, "_destroy_in_use_aware", "nvmlGpuInstanceDestroy")
     with pytest.raises(_Killed):
         manager.unprepare_group("claim-1", result.state)
     monkeypatch.undo()
@@ -284,14 +289,7 @@ def test_start_up_destroys_a_gpu_instance_left_empty_by_a_crash(
     """The same crash, and the claim was never checkpointed (or is gone): start-up finishes the job."""
     device = dynamic(node, "2g.20gb", 4)
     result = node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])
-    destroy_call = node.hardware._destroy_in_use_aware  # type: ignore[attr-defined]
-
-    def die_before_the_gpu_instance(what: str, function: str, *args: object) -> None:
-        if function == "nvmlGpuInstanceDestroy":
-            raise _Killed
-        destroy_call(what, function, *args)
-
-    monkeypatch.setattr(node.hardware, "_destroy_in_use_aware", die_before_the_gpu_instance)
+    _die_at(monkeypatch, node, "_destroy_in_use_aware", "nvmlGpuInstanceDestroy")
     with pytest.raises(_Killed):
         node.manager().unprepare_group("claim-1", result.state)
     monkeypatch.undo()
@@ -311,14 +309,7 @@ def test_a_gpu_instance_left_empty_by_a_crash_during_creation_is_destroyed_at_st
     if mig_was_on:
         node.hardware.set_mig_mode(node.uuid(), True)
     device = dynamic(node, "3g.40gb", 4)
-    call = node.hardware._call
-
-    def die_before_the_compute_instance(what: str, function: str, *args: object) -> object:
-        if function == "nvmlGpuInstanceCreateComputeInstance":
-            raise _Killed
-        return call(what, function, *args)
-
-    monkeypatch.setattr(node.hardware, "_call", die_before_the_compute_instance)
+    _die_at(monkeypatch, node, "_call", "nvmlGpuInstanceCreateComputeInstance")
     with pytest.raises(_Killed):
         node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])
     monkeypatch.undo()
@@ -339,14 +330,7 @@ def test_mig_mode_switched_on_by_a_creation_killed_before_its_gpu_instance_is_sw
     made yet. Nothing else needs MIG mode there, so start-up switches it off (MIG mode left on withholds the
     whole GPU from the model)."""
     device = dynamic(node, "3g.40gb", 4)
-    call = node.hardware._call
-
-    def die_before_the_gpu_instance(what: str, function: str, *args: object) -> object:
-        if function == "nvmlDeviceCreateGpuInstanceWithPlacement":
-            raise _Killed
-        return call(what, function, *args)
-
-    monkeypatch.setattr(node.hardware, "_call", die_before_the_gpu_instance)
+    _die_at(monkeypatch, node, "_call", "nvmlDeviceCreateGpuInstanceWithPlacement")
     with pytest.raises(_Killed):
         node.manager().prepare_group("claim-1", None, [node.alloc(device.name)])
     monkeypatch.undo()
