@@ -51,11 +51,16 @@ class ConfigError(ValueError):
 
 # Type checks that do not load the models: while `dra_gpu.config.api` is not imported, no decoded config can
 # exist, so the answer is False without importing it (the sharing planner asks for every prepared group).
+# The module is in sys.modules from the moment another thread starts importing it, before its classes exist
+# (the soak's "partially initialized module" refusals): a class not defined yet has no instances either.
 def is_gpu_config(config: object) -> TypeGuard[GpuConfig]:
-    api = sys.modules.get("dra_gpu.config.api")
-    return api is not None and isinstance(config, api.GpuConfig)
+    return _is_model_instance(config, "GpuConfig")
 
 
 def is_mig_device_config(config: object) -> TypeGuard[MigDeviceConfig]:
-    api = sys.modules.get("dra_gpu.config.api")
-    return api is not None and isinstance(config, api.MigDeviceConfig)
+    return _is_model_instance(config, "MigDeviceConfig")
+
+
+def _is_model_instance(config: object, class_name: str) -> bool:
+    model = getattr(sys.modules.get("dra_gpu.config.api"), class_name, None)
+    return isinstance(model, type) and isinstance(config, model)

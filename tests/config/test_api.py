@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import pytest
@@ -294,3 +296,16 @@ def test_uuid_not_allocated_is_rejected() -> None:
     mps = MpsConfig(defaultPerDevicePinnedMemoryLimit={"GPU-cccccccc": "1Gi"})
     with pytest.raises(ConfigError, match="GPU-cccccccc is not one of the allocated devices"):
         mps.pinned_memory_limits([UUID_A], MEMORY)
+
+
+def test_type_checks_answer_while_another_thread_is_still_importing_the_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gRPC thread's first claim with a config starts importing `dra_gpu.config.api`; the module is in
+    sys.modules before its classes exist, and a second thread's planner asked it for `GpuConfig` and had its
+    prepare refused ("partially initialized module", 2 in 2,500 soak steps)."""
+    from dra_gpu.config.names import is_gpu_config, is_mig_device_config
+
+    monkeypatch.setitem(sys.modules, "dra_gpu.config.api", types.ModuleType("dra_gpu.config.api"))
+    assert not is_gpu_config(object())
+    assert not is_mig_device_config(None)
