@@ -56,7 +56,7 @@ from tests.support.control_plane import (  # noqa: E402
     find_binary,
     https_get,
     prune_artifacts,
-    supported_feature_gates,
+    usable_feature_gates,
     wait_until,
     write_kubeconfig,
 )
@@ -451,7 +451,7 @@ class Cluster:
             f"--service-cluster-ip-range={'10.96.0.0/16'}",
             "--profiling=false",
         ]
-        gates = feature_gate_flag((*NODE_FEATURE_GATES,), supported_feature_gates(binary))
+        gates = feature_gate_flag((*NODE_FEATURE_GATES,), usable_feature_gates(binary))
         if gates:
             args.append(f"--feature-gates={gates}")
         log("starting kube-controller-manager")
@@ -518,7 +518,7 @@ class Cluster:
             user=f"system:node:{self.node_name}",
         )
         binary = find_binary("kubelet", "all")
-        gates = supported_feature_gates(binary)
+        gates = usable_feature_gates(binary)
         config = kubelet_config(
             cgroup_root=cgroup_root,
             containerd_sock=self.containerd_sock,

@@ -56,10 +56,10 @@ def _local_gates() -> set[str]:
 
 def _known_gates() -> set[str] | None:
     """Gates the pinned kube-apiserver knows, or None when it is not built."""
-    from tests.support.control_plane import bin_dir, supported_feature_gates
+    from tests.support.control_plane import bin_dir, usable_feature_gates
 
     apiserver = bin_dir() / "kube-apiserver"
-    return supported_feature_gates(apiserver) if apiserver.exists() else None
+    return usable_feature_gates(apiserver) if apiserver.exists() else None
 
 
 def test_feature_gates_are_the_local_clusters_all_on(kind_config: dict[str, Any]) -> None:
@@ -245,3 +245,13 @@ def test_config_rendered_for_a_version_keeps_the_gates_that_version_knows(
     if known is not None:  # for the pinned version, the rendering is cluster.yaml's own gates
         pinned = module.render(kind_config, known, "dra-gpu", "/tmp/dra-gpu-kind", "x", "y")
         assert pinned["featureGates"] == kind_config["featureGates"]
+
+
+def test_clusters_leave_off_the_gates_broken_in_their_release() -> None:
+    """On 1.34 the alpha DRAConsumableCapacity makes the scheduler panic on a claim for more devices than a
+    node's slice holds (kind 1.34: a five-GPU claim with the 4-GPU node's one-GPU slices in the cluster), and
+    then it schedules nothing; neither cluster may turn it on there, and both keep it from 1.35 on."""
+    from tests.support.control_plane import broken_feature_gates
+
+    assert broken_feature_gates((1, 34)) == {"DRAConsumableCapacity"}
+    assert broken_feature_gates((1, 35)) == broken_feature_gates((1, 37)) == set()

@@ -16,6 +16,7 @@ import ctypes
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -136,6 +137,37 @@ def supported_feature_gates(binary: Path) -> set[str]:
     """Feature gate names listed by `<binary> --help` (the `--feature-gates` section)."""
     out = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
     return parse_feature_gates_help(out.stdout + out.stderr)
+
+
+# Gates whose code is broken in a release: no cluster started here turns them on there, as no admin should.
+# gate -> the first minor that works, and why the older ones do not.
+BROKEN_FEATURE_GATES: dict[str, tuple[tuple[int, int], str]] = {
+    "DRAConsumableCapacity": (
+        (1, 35),
+        "the 1.34 scheduler's allocator checks a request's capacity against the device at the request's "
+        "device index instead of the slice's, and panics (index out of range) when a request for N devices "
+        "meets a slice of fewer devices, in a loop, scheduling nothing (kubernetes/kubernetes#133705, fixed "
+        "in 1.35)",
+    ),
+}
+
+
+def binary_minor(binary: Path) -> tuple[int, int]:
+    """(major, minor) of a Kubernetes binary, from `<binary> --version` ("Kubernetes v1.34.12")."""
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60).stdout
+    match = re.search(r"v(\d+)\.(\d+)", out)
+    if not match:
+        raise ControlPlaneError(f"{binary} --version printed no version: {out!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def broken_feature_gates(minor: tuple[int, int]) -> set[str]:
+    return {gate for gate, (works_from, _) in BROKEN_FEATURE_GATES.items() if minor < works_from}
+
+
+def usable_feature_gates(binary: Path) -> set[str]:
+    """The gates a binary knows (`supported_feature_gates`) less those broken in its release."""
+    return supported_feature_gates(binary) - broken_feature_gates(binary_minor(binary))
 
 
 def parse_feature_gates_help(help_text: str) -> set[str]:
@@ -417,7 +449,7 @@ class ControlPlane:
     # ---------------------------------------------------------------------------------------- helpers
     def feature_gates_for(self, binary: Path) -> str:
         if binary not in self._gates_cache:
-            self._gates_cache[binary] = supported_feature_gates(binary)
+            self._gates_cache[binary] = usable_feature_gates(binary)
         return feature_gate_flag(self.options.feature_gates, self._gates_cache[binary])
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
