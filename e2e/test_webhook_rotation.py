@@ -1,15 +1,17 @@
 """The webhook's serving certificate is renewed while claims are created, and not one claim is refused.
 
-Opt-in with the chart tests (`DRA_GPU_E2E_CHART=1`, e2e/run-e2e.sh runs it after e2e/test_chart_install.py),
-against the local cluster, which has no cert-manager: the chart is installed with its default webhook TLS
-mode (Helm-generated CA and certificate), which also shows that the README's `helm install` needs no
-cert-manager. Only the webhook runs: the plugin DaemonSet selects no node and the DeviceClasses are off, so
-this release stays out of the way of a plugin release.
+Runs on kind (`make e2e-kind`, with the image run.sh built and loaded) and, opt-in with the chart tests
+(`DRA_GPU_E2E_CHART=1`, e2e/run-e2e.sh runs it after e2e/test_chart_install.py), on the local cluster. Neither
+has cert-manager: the chart is installed with its default webhook TLS mode (Helm-generated CA and
+certificate), which also shows that the README's `helm install` needs no cert-manager. Only the webhook
+runs: the plugin DaemonSet selects no node and the DeviceClasses are off, so this release stays out of the
+way of the plugin release.
 
 The renewal is what an operator does in that mode: `helm upgrade --reuse-values --set
 webhook.tls.helm.rotation=<new>`. The CA and the caBundle stay, the serving Secret changes, the kubelet
 updates the mounted files (within about a minute) and each webhook pod serves the new certificate without a
-restart. Meanwhile a loop creates claims with a gpu.nvidia.com config (each one a webhook call, failurePolicy
+restart (each pod's certificate is read from inside the pod: pod IPs are not reachable from the host on
+kind). Meanwhile a loop creates claims with a gpu.nvidia.com config (each one a webhook call, failurePolicy
 Fail) and, now and then, a bad one, which must be refused by the webhook (so the webhook was answering).
 """
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import ssl
 import subprocess
 import threading
@@ -32,15 +33,17 @@ import pytest
 from e2e.image.build_local_image import DEFAULT_REFERENCE, build_for_cluster, import_into_cluster
 from e2e.lib.chart import CHART_DIR, find_helm
 from e2e.lib.kubectl import Kubectl
-from e2e.lib.settings import E2ESettings
+from e2e.lib.settings import DriverMode, E2ESettings, load_settings
 from e2e.lib.waiting import wait_until
 from e2e.lib.workloads import claim, gpu_config_time_slicing
 
+_SETTINGS = load_settings()
+ON_KIND = _SETTINGS.mode is DriverMode.IN_CLUSTER and _SETTINGS.kind_cluster is not None
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(
-        os.environ.get("DRA_GPU_E2E_CHART") != "1",
-        reason="chart tests are opt-in: set DRA_GPU_E2E_CHART=1 (needs the local cluster)",
+        os.environ.get("DRA_GPU_E2E_CHART") != "1" and not ON_KIND,
+        reason="chart tests are opt-in on the local cluster: set DRA_GPU_E2E_CHART=1 (kind runs them)",
     ),
 ]
 
@@ -98,8 +101,10 @@ def release(kubectl: Kubectl, settings: E2ESettings) -> Iterator[Release]:
     helm = find_helm()
     if helm is None:
         pytest.fail("no helm: build it with `e2e/cluster/build.sh helm`", pytrace=False)
-    import_into_cluster(build_for_cluster())  # cached: the chart install test built it already
-    repository, tag = DEFAULT_REFERENCE.rsplit(":", 1)
+    reference = _kind_image(kubectl, settings) if ON_KIND else DEFAULT_REFERENCE
+    if not ON_KIND:
+        import_into_cluster(build_for_cluster())  # cached: the chart install test built it already
+    repository, tag = reference.rsplit(":", 1)
     rel = Release(kubectl, settings, helm)
     try:
         _helm(
@@ -123,15 +128,31 @@ def release(kubectl: Kubectl, settings: E2ESettings) -> Iterator[Release]:
             )
 
 
-def _served_certificate(pod_ip: str, port: int) -> bytes:
+def _kind_image(kubectl: Kubectl, settings: E2ESettings) -> str:
+    """The image of the release e2e/kind/run.sh installed (built here and loaded into the nodes)."""
+    (daemonset,) = kubectl.items(
+        "daemonsets", settings.chart_namespace, "app.kubernetes.io/component=kubelet-plugin"
+    )
+    return str(daemonset["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+# Run in the webhook container (the driver image's python): connect to the pod's own port, print the DER
+# certificate it presents to a new connection.
+_PEER_CERTIFICATE = """
+import base64, socket, ssl, sys
+context = ssl.create_default_context()
+context.check_hostname = False
+context.verify_mode = ssl.CERT_NONE
+with socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5) as raw:
+    with context.wrap_socket(raw) as tls:
+        print(base64.b64encode(tls.getpeercert(binary_form=True)).decode())
+"""
+
+
+def _served_certificate(kubectl: Kubectl, pod: dict[str, Any], port: int) -> bytes:
     """The DER certificate a webhook pod presents to a new connection."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    with socket.create_connection((pod_ip, port), timeout=5) as raw, context.wrap_socket(raw) as tls:
-        der = tls.getpeercert(binary_form=True)
-    assert der is not None
-    return der
+    out = kubectl.exec(NAMESPACE, pod["metadata"]["name"], ["python", "-c", _PEER_CERTIFICATE, str(port)])
+    return base64.b64decode(out.strip())
 
 
 def _secret_certificate(secret: dict[str, Any]) -> bytes:
@@ -187,7 +208,7 @@ def test_serving_certificate_renewal_refuses_no_claim(release: Release, namespac
     assert bundle == ca["data"]["tls.crt"] == served["data"]["ca.crt"]
     old_cert = _secret_certificate(served)
     for pod in pods:
-        assert _served_certificate(pod["status"]["podIP"], port) == old_cert
+        assert _served_certificate(kubectl, pod, port) == old_cert
 
     # An upgrade that changes nothing leaves the certificates alone (no new CA at every upgrade).
     release.upgrade()
@@ -211,7 +232,7 @@ def test_serving_certificate_renewal_refuses_no_claim(release: Release, namespac
         assert release.ca_bundle() == bundle, "the caBundle changed"
 
         def all_serve_new() -> bool:
-            return all(_served_certificate(p["status"]["podIP"], port) == new_cert for p in pods)
+            return all(_served_certificate(kubectl, p, port) == new_cert for p in pods)
 
         def explain() -> str:
             logs = kubectl.run("logs", "-n", NAMESPACE, "-l", WEBHOOK_SELECTOR, "--tail=20", check=False)

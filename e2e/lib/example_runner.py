@@ -43,6 +43,21 @@ from tests.deploy.expect_model import Expectation, load_expectation
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 PENDING_SETTLE_S = 10.0  # a Pending expectation must still hold this long after it first holds
 
+# A selector the scheduler cannot evaluate against the published devices ("CEL runtime error: no such key")
+# fails the same way at every retry until the slices change, which an example does not do: no point waiting
+# out the example's timeout (NVIDIA's stale gpu-test6 cost every run 3 minutes). A few seconds first, so that
+# the first scheduling attempts of a slow start are not taken for it.
+HOPELESS_AFTER_S = 15.0
+
+
+def unschedulable_for_good(events: Sequence[Mapping[str, Any]]) -> str | None:
+    """The first FailedScheduling message that names a CEL runtime error, else None."""
+    for event in events:
+        message = str(event.get("message", ""))
+        if event.get("reason") == "FailedScheduling" and "CEL runtime error" in message:
+            return message
+    return None
+
 
 def example_folders(root: Path = EXAMPLES_DIR) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/expect.yaml"))
@@ -226,6 +241,12 @@ class ExampleRun:
                     break
             else:
                 held_since = None
+            hopeless = unschedulable_for_good(observed.events)
+            if failures and hopeless and now - t0 >= HOPELESS_AFTER_S:
+                raise ExampleFailedError(
+                    f"example {self.exp.name}: the scheduler cannot evaluate its selectors ({hopeless}); "
+                    "these expect.yaml promises do not hold:\n  - " + "\n  - ".join(failures)
+                )
             if now > deadline:
                 raise ExampleFailedError(
                     f"example {self.exp.name}: after {self.exp.timeoutSeconds}s these expect.yaml promises"

@@ -361,3 +361,18 @@ def test_each_container_of_the_claim_must_have_asked_mps_itself() -> None:
         "MPS control daemon",
         "claim mps-gpu (mps-gpu): no CUDA client has asked MPS from inside pod1/ctr yet",
     ]
+
+
+def test_a_selector_the_scheduler_cannot_evaluate_ends_the_wait() -> None:
+    """NVIDIA's gpu-test6 reads an attribute no driver publishes: every scheduling attempt fails with the same
+    CEL runtime error, so the runner stops waiting; any other FailedScheduling (devices busy) keeps it."""
+    from e2e.lib.example_runner import unschedulable_for_good
+
+    busy = {"reason": "FailedScheduling", "message": "0/5 nodes are available: 1 cannot allocate all claims."}
+    cel = {
+        "reason": "FailedScheduling",
+        "message": "0/5 nodes are available: 1 CEL runtime error: no such key: index.",
+    }
+    assert unschedulable_for_good([busy]) is None
+    assert unschedulable_for_good([{"reason": "Scheduled", "message": "CEL runtime error"}]) is None
+    assert unschedulable_for_good([busy, cel]) == cel["message"]
