@@ -4,35 +4,57 @@ Two kinds of test, kept apart because they prove different things:
 - the tool itself: the simulated NVML against the simulated nvidia-smi. Both are made from the same profile
   data, so agreement there proves the tool parses nvidia-smi's XML and placements and matches GPUs, and that
   the two simulated views are consistent, not that either is faithful to a real card;
-- fidelity: a real card's nvidia-smi, captured on a lent GPU by e2e/real_gpu/run_checks.sh into
-  tests/hardware/data/real/<card>/, against the simulated NVML of that card's profile, per-machine fields
-  (UUID, bus id, minor, NUMA node, driver and CUDA version) left out. Skipped while no capture is committed.
+- fidelity: real cards' nvidia-smi output kept as test data in tests/hardware/data/real/<card>/<capture>/,
+  against the simulated NVML of that card's profile, per-machine fields (UUID, bus id, minor, NUMA node,
+  driver and CUDA version, the MIG mode that machine was set to) left out. Each capture's _source.md says
+  where it was taken (a public repository's file at a commit) and which driver it shows: an A100-SXM4-40GB
+  with two 3g.20gb MIG devices (`nvidia-smi -q -x`, driver 510.47.03), an H100 80GB HBM3 and an H200 each
+  with MIG off and with MIG devices (`nvidia-smi -q` and `-L`, 590.48.01), an L40S (`-q`, 595.80), a GH200's
+  MIG profile list (`mig -lgip`, 550.54.15). A capture that e2e/real_gpu/run_checks.sh takes on a lent GPU
+  goes beside them and is compared the same way. Where the simulator is known to differ from these captures
+  (compute instances of part of a GPU instance, the simulated `nvidia-smi mig` output and its default
+  placements), a strict xfail test says so until the simulator is fixed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dra_gpu.hardware.compare_nvidia_smi import compare, compare_card
+from dra_gpu.hardware.compare_nvidia_smi import (
+    Check,
+    SmiLog,
+    compare,
+    compare_card,
+    compare_placements,
+    compare_profiles,
+    parse_lgip,
+    parse_query_text,
+    parse_xml,
+)
 from dra_gpu.hardware.loader import open_hardware
-from dra_gpu.hardware.profiles import GPU_PROFILES
+from dra_gpu.hardware.profiles import GPU_PROFILES, GpuProfile
 from dra_gpu.hardware.types import DiscoveryResult
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_CAPTURES = Path(__file__).resolve().parent / "data" / "real"
 CAPTURE_XML = "nvidia-smi-q-x.xml"  # the names e2e/real_gpu/run_checks.sh gives the captured files
+CAPTURE_QUERY = "nvidia-smi-q.txt"
+CAPTURE_LGIP = "nvidia-smi-mig-lgip.txt"
 CAPTURE_LGIPP = "nvidia-smi-mig-lgipp.txt"
+CAPTURE_LIST = "nvidia-smi-L.txt"  # only in the public captures: run_checks.sh does not take it
+GH200_LOG = REAL_CAPTURES / "nvidia-gh200-96gb-hbm3" / "cuanschutz-slurm-mig-log"
 
 
-@pytest.mark.parametrize(("hardware", "fields"), [("dgx-h100", 75), ("dual-gh200", 21)])
+@pytest.mark.parametrize(("hardware", "fields"), [("dgx-h100", 83), ("dual-gh200", 23)])
 def test_the_tool_parses_the_simulated_nvidia_smi(hardware: str, fields: int) -> None:
     """The comparison tool on the simulator's own nvidia-smi: it reads every field and matches every GPU
     (dual-gh200: two GPUs at 01:00.0 of PCI domains 0009 and 0019, matched by their whole address). Both
@@ -101,32 +123,245 @@ def test_a_capture_from_another_machine_differs_only_in_per_machine_fields() -> 
 
 
 def _captures() -> list[Path]:
-    return sorted(p.parent for p in REAL_CAPTURES.glob(f"*/{CAPTURE_XML}"))
+    """Every folder under data/real/ that holds a capture: <card>/<capture>/ (or <card>/ as run_checks.sh
+    saves it)."""
+    names = (CAPTURE_XML, CAPTURE_QUERY, CAPTURE_LGIP)
+    return sorted({p.parent for name in names for p in REAL_CAPTURES.rglob(name)})
 
 
-def _profile_of(product_name: str) -> str:
-    found = [key for key, profile in GPU_PROFILES.items() if profile.product_name == product_name]
-    assert found, (
-        f"no simulator profile for the captured card {product_name!r} (dra_gpu/hardware/profiles.py)"
-    )
+def _card(capture: Path) -> str:
+    return capture.relative_to(REAL_CAPTURES).parts[0]
+
+
+def _folder_name(product_name: str) -> str:
+    """The folder e2e/real_gpu/run_checks.sh saves a card's captures in: "NVIDIA H100 80GB HBM3" ->
+    "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^a-z0-9]+", "-", product_name.lower()).strip("-")
+
+
+def _profile_of(card: str) -> GpuProfile:
+    found = [p for p in GPU_PROFILES.values() if _folder_name(p.product_name) == card]
+    assert found, f"no simulator profile for the captured card {card!r} (dra_gpu/hardware/profiles.py)"
     return found[0]
 
 
-@pytest.mark.parametrize("capture", _captures() or [None], ids=lambda p: p.name if p else "none")
-def test_the_simulated_card_agrees_with_a_real_capture(capture: Path | None) -> None:
-    """Fidelity: what a real card's nvidia-smi said (captured read-only on a lent GPU) against the simulated
-    NVML of the same card profile."""
-    if capture is None:
-        pytest.skip(
-            "no real nvidia-smi capture in tests/hardware/data/real/ yet: e2e/real_gpu/run_checks.sh saves "
-            "them on the next lent GPU (see e2e/real_gpu/README.md)"
+def _read_capture(capture: Path) -> SmiLog | None:
+    """The capture's `nvidia-smi -q` as the comparison reads it: the XML where there is one, else the text
+    report, with the MIG devices' profile names from `nvidia-smi -L` where it was captured; None where the
+    capture has only `mig` lists."""
+    listed = capture / CAPTURE_LIST
+    list_text = listed.read_text() if listed.exists() else ""
+    if (capture / CAPTURE_XML).exists():
+        return parse_xml((capture / CAPTURE_XML).read_text(), list_text)
+    if (capture / CAPTURE_QUERY).exists():
+        return parse_query_text((capture / CAPTURE_QUERY).read_text(), list_text)
+    return None
+
+
+def _optional(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def _card_checks(capture: Path, discovery: DiscoveryResult | None = None) -> list[Check]:
+    profile = _profile_of(_card(capture))
+    if discovery is None:
+        discovery, _ = _simulated(profile.key)
+    checks = compare_profiles(discovery, _optional(capture / CAPTURE_LGIP))
+    log = _read_capture(capture)
+    if log is None:
+        return checks + compare_placements(discovery, _optional(capture / CAPTURE_LGIPP))
+    checks += compare_card(discovery, log, _optional(capture / CAPTURE_LGIPP))
+    # what the profile holds beyond the discovery: the PCI device id NVML and sysfs report
+    for index, gpu in enumerate(log.gpus):
+        checks.append(
+            Check(f"index {index}", "PCI device id", gpu.pci_device_id, f"{profile.pci_device_id:08X}")
         )
-    xml = (capture / CAPTURE_XML).read_text()
-    lgipp = capture / CAPTURE_LGIPP
-    product = ET.fromstring(xml).findtext("gpu/product_name", "").strip()
-    discovery, _ = _simulated(_profile_of(product))
-    checks = compare_card(discovery, xml, lgipp.read_text() if lgipp.exists() else "")
+    return checks
+
+
+def test_real_captures_are_committed_with_their_source() -> None:
+    """The fidelity test runs on data, not on nothing: the captures are there, each with a _source.md that
+    names where it came from and the driver version it shows."""
+    captures = _captures()
+    assert {_card(c) for c in captures} >= {
+        "nvidia-a100-sxm4-40gb",
+        "nvidia-h100-80gb-hbm3",
+        "nvidia-h200",
+        "nvidia-gh200-96gb-hbm3",
+        "nvidia-l40s",
+    }
+    for capture in captures:
+        source = capture / "_source.md"
+        assert source.exists(), f"{capture} has no _source.md saying where it was taken"
+        log = _read_capture(capture)
+        assert re.search(r"driver \d+\.\d+", source.read_text()), f"{source} names no driver version"
+        assert log is None or log.driver_version in source.read_text(), source
+
+
+@pytest.mark.parametrize("capture", _captures(), ids=lambda p: str(p.relative_to(REAL_CAPTURES)))
+def test_the_simulated_card_agrees_with_a_real_capture(capture: Path) -> None:
+    """Fidelity: what a real card's nvidia-smi said against the simulated NVML of the same card profile: name,
+    brand, architecture, memory, compute mode, MIG capability, PCI device id; for each MIG device its profile,
+    the placement its GPU-instance id stands for, memory, SMs and engines; for each MIG profile that
+    `mig -lgip` lists its name, instance count, memory, SMs and engines."""
+    log = _read_capture(capture)
+    if log is not None:
+        assert [_folder_name(g.product_name) for g in log.gpus] == [_card(capture)]
+    checks = _card_checks(capture)
     bad = [c for c in checks if not c.ok]
     assert not bad, "\n".join(
         f"{c.gpu} {c.field}: real {c.nvidia_smi!r}, simulated {c.discovered!r}" for c in bad
     )
+    assert len(checks) >= 8
+
+
+def _with_profile(discovery: DiscoveryResult, name: str, **changes: Any) -> DiscoveryResult:
+    """The discovery with one MIG profile of its (one) GPU changed, as a simulator with that number wrong
+    would discover it."""
+    gpu = discovery.gpus[0]
+    profiles = tuple(dataclasses.replace(p, **changes) if p.name == name else p for p in gpu.mig_profiles)
+    return dataclasses.replace(discovery, gpus=(dataclasses.replace(gpu, mig_profiles=profiles),))
+
+
+def test_a_simulator_that_diverges_from_a_real_card_fails() -> None:
+    """The fidelity comparison on real captures catches a wrong profile number: the H100's 2g.20gb memory as
+    the simulator had it before a real card was measured (20091 MiB; NVML says 20096), an L40S memory size
+    1 MiB off, a 3g.20gb of an A100 with the wrong SM count (no profile of its size has 40 SMs), a GH200
+    2g.24gb with 2 SMs too few and a second 1g.12gb+me allowed."""
+    discovery, _ = _simulated("h100-80gb")
+    h100_mig = REAL_CAPTURES / "nvidia-h100-80gb-hbm3" / "nvidia-gpu-exporter-mig-590.48.01"
+    checks = _card_checks(h100_mig, _with_profile(discovery, "2g.20gb", memory_mib=20091))
+    assert [(c.field, c.nvidia_smi, c.discovered) for c in checks if not c.ok] == [
+        ("MIG device 1 memory MiB", "20096", "20091")
+    ]
+
+    discovery, _ = _simulated("l40s")
+    smaller = dataclasses.replace(
+        discovery, gpus=(dataclasses.replace(discovery.gpus[0], memory_bytes=46067 << 20),)
+    )
+    checks = _card_checks(REAL_CAPTURES / "nvidia-l40s" / "nvidia-gpu-exporter-595.80", smaller)
+    assert [(c.field, c.nvidia_smi, c.discovered) for c in checks if not c.ok] == [
+        ("memory MiB", "46068", "46067")
+    ]
+
+    discovery, _ = _simulated("a100-40gb")
+    a100 = REAL_CAPTURES / "nvidia-a100-sxm4-40gb" / "netdata-510.47.03"
+    checks = _card_checks(a100, _with_profile(discovery, "3g.20gb", multiprocessors=40))
+    assert [(c.field, c.discovered) for c in checks if not c.ok] == [
+        ("MIG device 0 profile", "no such profile"),
+        ("MIG device 1 profile", "no such profile"),
+    ]
+
+    discovery, _ = _simulated("gh200-96gb")
+    wrong = _with_profile(
+        _with_profile(discovery, "2g.24gb", multiprocessors=30),
+        "1g.12gb+me",
+        max_instances=7,
+    )
+    checks = _card_checks(GH200_LOG, wrong)
+    assert [(c.field, c.nvidia_smi, c.discovered) for c in checks if not c.ok] == [
+        ("MIG profile 20 instances", "1", "7"),
+        ("MIG profile 14 SMs", "32", "30"),
+    ]
+
+
+def test_lgipp_is_read_in_both_of_its_forms() -> None:
+    """Real `mig -lgipp` prints "Placement :" (singular) for a profile with one start, as the MIG User Guide
+    shows; both forms are compared, so a wrong 4g or 7g placement is not passed over."""
+    discovery, _ = _simulated("h100-80gb")
+    text = (
+        "GPU  0 Profile ID  9 Placements: {0,4}:4\n"
+        "GPU  0 Profile ID  5 Placement : {0}:4\n"
+        "GPU  0 Profile ID  0 Placement : {0}:8\n"
+    )
+    checks = compare(discovery, "<nvidia_smi_log/>", text)
+    placements = [(c.field, c.nvidia_smi, c.discovered) for c in checks if "placements" in c.field]
+    assert placements == [
+        ("MIG profile 0 placements", "[0]:8", "[0]:8"),
+        ("MIG profile 5 placements", "[0]:4", "[0]:4"),
+        ("MIG profile 9 placements", "[0, 4]:4", "[0, 4]:4"),
+    ]
+    wrong = text.replace("{0}:8", "{0}:7")
+    assert [
+        c.field
+        for c in compare(discovery, "<nvidia_smi_log/>", wrong)
+        if not c.ok and "placements" in c.field
+    ] == ["MIG profile 0 placements"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the simulator gives a compute instance of N of its GPU instance's slices N/slices of that GPU "
+    "instance's SMs (20 and 40 of a Hopper 3g's 60); the real H200 gives 16 and 32, a 1g's and a 2g's "
+    "(nvmlGpuInstanceGetComputeInstanceProfileInfo in dra_gpu/hardware/simulator/nvml.py)",
+)
+def test_compute_instances_of_part_of_a_gpu_instance_get_the_real_sm_counts(tmp_path: Path) -> None:
+    """The H200 capture's 1c.3g.71gb and 2c.3g.71gb MIG devices, compute instances of one 3g.71gb GPU
+    instance, have 16 and 32 SMs; the simulated NVML's compute-instance profiles of a 3g.71gb must say the
+    same."""
+    capture = REAL_CAPTURES / "nvidia-h200" / "nvidia-gpu-exporter-mig-590.48.01"
+    log = _read_capture(capture)
+    assert log is not None
+    real = {d.ci_slices: d.multiprocessors for d in log.gpus[0].mig_devices if d.ci_slices}
+    assert real == {1: 16, 2: 32}
+    hardware = open_hardware("h200-141gb", str(tmp_path / "root"))
+    try:
+        uuid = hardware.discover().gpus[0].uuid
+        hardware.set_mig_mode(uuid, True)
+        device = hardware.create_mig_device(uuid, 9, 4)  # 3g.71gb at 4:4, GPU instance 2 as in the capture
+        nvml = hardware._nvml
+        gpu_instance = nvml.nvmlDeviceGetGpuInstanceById(nvml.nvmlDeviceGetHandleByIndex(0), device.gi_id)
+        shared = nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        simulated = {
+            slices: nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                gpu_instance, ci_profile, shared
+            ).multiprocessorCount
+            for slices, ci_profile in ((1, 0), (2, 1))
+        }
+    finally:
+        hardware.close()
+    assert device.gi_id == 2
+    assert simulated == real
+
+
+def _simulated_nvidia_smi(profile: str, root: Path, *commands: list[str]) -> list[str]:
+    """The simulated `nvidia-smi`'s output for each command, on a fresh node of one `profile` GPU in MIG
+    mode."""
+    hardware = open_hardware(profile, str(root))
+    hardware.set_mig_mode(hardware.discover().gpus[0].uuid, True)
+    hardware.close()
+    return [
+        subprocess.run([str(root / "usr/bin/nvidia-smi"), *argv], capture_output=True, text=True).stdout
+        for argv in commands
+    ]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the simulated `nvidia-smi mig -lgip` prints one condensed line a profile (and 7/1 instances "
+    "free for the +me profile) where the real one prints a two-row table "
+    "(dra_gpu/hardware/sim_tools/nvidia_smi.py)",
+)
+def test_the_simulated_mig_profile_list_reads_as_the_real_one(tmp_path: Path) -> None:
+    """Anything that reads the real `nvidia-smi mig -lgip` table (the fidelity test above, an operator's
+    script) must read the simulated one the same way: on a fresh GH200 in MIG mode, the same rows as the real
+    GH200 printed."""
+    real = parse_lgip((GH200_LOG / CAPTURE_LGIP).read_text())
+    assert len(real) == 7
+    (simulated,) = _simulated_nvidia_smi("gh200-96gb", tmp_path / "root", ["mig", "-lgip"])
+    assert parse_lgip(simulated) == real
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the simulated `nvidia-smi mig -cgi` takes the first free placement (1g.24gb at 0:2, 2:2, 4:2: "
+    "GPU instances 3, 4, 5) and the 1-slice compute-instance profile 0; the real driver put them at 4:2, "
+    "0:2, 2:2 (5, 3, 4) with profile 7 (dra_gpu/hardware/sim_tools/nvidia_smi.py, simulator/nvml.py)",
+)
+def test_the_simulated_mig_create_places_instances_as_the_real_driver(tmp_path: Path) -> None:
+    """Where a GPU instance lands decides which profiles still fit next to it, so the simulated
+    `nvidia-smi mig -cgi 15,15,15 -C` on a fresh GH200 must say what the real one said: the same GPU-instance
+    ids in the same order, the same compute-instance profile."""
+    real = (GH200_LOG / "nvidia-smi-mig-cgi-15-15-15-C.txt").read_text()
+    (simulated,) = _simulated_nvidia_smi("gh200-96gb", tmp_path / "root", ["mig", "-cgi", "15,15,15", "-C"])
+    assert simulated == real
