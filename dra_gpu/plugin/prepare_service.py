@@ -6,9 +6,10 @@ Prepare of one claim (kubelet semantics, k8s-dra-api §7; NVIDIA's flow, nvidia-
    results.
 3. Map device names to the node's device model, decode and resolve the opaque configs into groups.
 4. Under the locks of the claim's GPUs (`GpuLocks`: prepares of other GPUs go on meanwhile): roll back a
-   claim left `PrepareStarted`; refuse devices that another claim holds (unless admin access) and write
-   `PrepareStarted`, both in one checkpoint update. A claim that takes its devices as they are (whole GPUs
-   and existing MIG devices, no config, no share) skips this write: the refusal goes with step 6.
+   claim left `PrepareStarted`; refuse devices that another claim holds (unless admin access), or a shared
+   GPU taken another way than its claims take it (`share_modes`), and write `PrepareStarted`, both in one
+   checkpoint update. A claim that takes its devices as they are (whole GPUs and existing MIG devices, no
+   config, no share) skips this write: the refusal goes with step 6.
 5. Per group `SharingManager.prepare_group`, checkpointing each group's undo state as soon as it exists (a
    group that changed nothing is recorded with step 6).
 6. Write the CDI spec, then `PrepareCompleted` with the answer.
@@ -67,6 +68,14 @@ from dra_gpu.plugin.claim_reader import ClaimJson, ClaimReader, ClaimReadError
 from dra_gpu.plugin.device_conflicts import devices_conflict
 from dra_gpu.plugin.fault_injection import FaultPoints
 from dra_gpu.plugin.metrics import PluginMetrics
+from dra_gpu.plugin.share_modes import (
+    ShareMode,
+    conflict_message,
+    held_modes,
+    mixed_in_one_claim,
+    modes_by_name,
+    planned_modes,
+)
 from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, GroupResult, SharingError, SharingManager
 from dra_gpu.sharing.plan import gpu_lock_keys, takes_devices_as_they_are
 from dra_gpu.sharing.registry import RegistryUnreadableError
@@ -433,6 +442,7 @@ class PrepareService:
         allocations, raw_configs = self._our_allocations(ref, claim)
         groups = self._resolve(ref, allocations, raw_configs)
         configs = _shared_device_configs(allocations, groups)
+        modes = self._share_modes(ref, allocations, groups)
         # Fractional shares of one GPU are prepared one at a time (gpu_lock_keys: each joins its server).
         keys, shared = gpu_lock_keys(a.device for a in allocations)
         if left is not None:  # the same UID has the same allocation, but a leftover's devices count too
@@ -464,7 +474,7 @@ class PrepareService:
             )
 
             def refuse_double_use(checkpoint: Checkpoint) -> None:
-                self._refuse_double_use(ref, checkpoint, allocations, configs)
+                self._refuse_double_use(ref, checkpoint, allocations, configs, modes)
 
             as_they_are = all(
                 takes_devices_as_they_are(config, [allocations[i].as_allocated() for i in indices])
@@ -561,17 +571,34 @@ class PrepareService:
         except ConfigResolutionError as exc:
             raise ClaimError("config", f"claim {ref}: {exc}") from exc
 
+    @staticmethod
+    def _share_modes(
+        ref: ClaimRef,
+        allocations: Sequence[_Allocation],
+        groups: Sequence[tuple[DeviceConfig | None, list[int]]],
+    ) -> Mapping[str, ShareMode]:
+        """Device name -> how this claim's consumable share of that whole GPU will be served (share_modes)."""
+        devices = [a.as_allocated() for a in allocations]
+        modes = planned_modes(devices, groups)
+        mixed = mixed_in_one_claim(devices, modes)
+        if mixed is not None:
+            raise ClaimError("device_sharing_conflict", f"claim {ref}: {mixed}")
+        return modes_by_name(devices, modes)
+
     def _refuse_double_use(
         self,
         ref: ClaimRef,
         checkpoint: Checkpoint,
         allocations: Sequence[_Allocation],
         configs: Sequence[Mapping[str, Any] | None],
+        modes: Mapping[str, ShareMode],
     ) -> None:
         """Refuse a device another claim holds; on a device several claims share, also refuse another config
         than the holder's (`configs`, per allocation): the GPU-wide settings of one claim (a time-slice
-        interval) would change the other's. NVIDIA's driver refuses it too. Admin access takes devices as
-        they are, on either side."""
+        interval) would change the other's. NVIDIA's driver refuses it too. A consumable share of a whole GPU
+        is also refused when it would take the GPU another way (MPS client or plain device, `modes`) than a
+        claim already on it: one of the two workloads could not run (share_modes). Admin access takes devices
+        as they are, on either side."""
         by_name = self.device_model().by_name()
         for uid, other in checkpoint.claims.items():
             if uid == ref.uid:
@@ -604,6 +631,12 @@ class PrepareService:
                         f"claim asks for {_config_text(config)}; claims that share a device must give it the "
                         "same config (or none)",
                     )
+            # after the config check: a config that differs is what NVIDIA's driver names too
+            for device_name, held_mode in held_modes(other).items():
+                mode = modes.get(device_name)
+                if mode is not None and mode is not held_mode:
+                    why = conflict_message(device_name, mode, f"{other.ref} ({uid})", held_mode)
+                    raise ClaimError("device_sharing_conflict", f"claim {ref}: {why}")
 
     def _apply(
         self,

@@ -27,7 +27,7 @@ Semantics of the combinations:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -110,7 +110,7 @@ def build_plan(
     if shares:
         share_plan = _share_plan(shares, active, config, gpus)
         return _replace(plan, shares=share_plan)
-    gpu_shares = _consumable_shares_of_gpu(active, config, gpus)
+    gpu_shares = consumable_shares_served_by_mps(config, active, lambda uuid: _mps_capable(gpus.get(uuid)))
     if gpu_shares:
         return _replace(plan, shares=_share_plan(gpu_shares, active, config, gpus))
 
@@ -238,16 +238,25 @@ def _memory_fraction(d: AllocatedDevice) -> bool:
     return 0 < value < capacity.value
 
 
-def _consumable_shares_of_gpu(
-    active: Sequence[AllocatedDevice], config: GpuConfig | MigDeviceConfig | None, gpus: Mapping[str, GpuInfo]
+def _mps_capable(info: GpuInfo | None) -> bool:
+    return info is not None and info.cuda_compute_capability >= MPS_MIN_COMPUTE_CAPABILITY
+
+
+def consumable_shares_served_by_mps(
+    config: GpuConfig | MigDeviceConfig | None,
+    active: Sequence[AllocatedDevice],
+    mps_capable: Callable[[str], bool],
 ) -> list[AllocatedDevice]:
     """The group's consumable shares to serve from the GPU's shares server, or [] to give the GPU as NVIDIA's
-    driver does (plain access, no limit).
+    driver does (plain access, no limit). `active`: the group's devices without admin access; `mps_capable`:
+    whether the GPU of that UUID runs MPS with client limits (Volta or newer).
 
     Served so when the group is nothing but consumable shares of one Volta+ GPU and either consumed part of
     its memory (a real limit, as for `gpu-<minor>-shared`) or asks for MPS (NVIDIA's MPS sharing on a
     consumable share: here the clients of one server run at the same time, each held to its config). Shares
-    without MPS that consumed no memory (modes `unlimited` and N) or all of it have nothing to enforce."""
+    without MPS that consumed no memory (modes `unlimited` and N) or all of it have nothing to enforce.
+    The prepare service asks this too, before anything is touched, to keep the two kinds apart on one GPU
+    (dra_gpu/plugin/share_modes.py)."""
     wants_mps = config is not None and config.mps_config is not None
     shares = [
         d
@@ -258,8 +267,7 @@ def _consumable_shares_of_gpu(
         return []
     if config is not None and config.strategy == "TimeSlicing":
         return []
-    info = gpus.get(shares[0].device.parent_uuid)
-    if info is None or info.cuda_compute_capability < MPS_MIN_COMPUTE_CAPABILITY:
+    if not mps_capable(shares[0].device.parent_uuid):
         return []
     return shares
 
