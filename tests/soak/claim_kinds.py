@@ -22,6 +22,7 @@ KINDS = (
     "fraction",  # a fractional share (gpu-share device: memory and compute; one MPS server per GPU)
     "consumable",  # NVIDIA's consumable shares of a whole GPU (--consumable-shares)
     "consumable-mps",  # the same with an MPS config
+    "consumable-memory",  # the same consuming part of the GPU's memory, no config (its GPU's MPS server)
     "admin",  # admin access to a whole GPU (monitoring: any GPU, in use or not)
     "mixed",  # a whole GPU with time-slicing plus a MIG device: two config groups in one claim
 )
@@ -72,6 +73,9 @@ def draw_spec(kind: str, hardware: str, rng: random.Random) -> dict[str, Any]:
         requests = [_exactly("gpu", "gpu-share.nvidia.com", capacity={"requests": capacity})]
     elif kind == "consumable":
         requests = [_exactly("gpu", "gpu.nvidia.com")]
+    elif kind == "consumable-memory":
+        memory = f"{rng.choice((2, 4, 8))}Gi"
+        requests = [_exactly("gpu", "gpu.nvidia.com", capacity={"requests": {"memory": memory}})]
     elif kind == "admin":
         requests = [_exactly("gpu", "gpu.nvidia.com", adminAccess=True)]
     elif kind == "mixed":

@@ -4,6 +4,7 @@ kubelet knows (kubelet_view), never with the plugin's own records:
 
 - every prepared claim's CDI spec, MIG instances, MPS daemon (running, serving its own device, with its
   limits), compute mode and time-slice are there, and are its own;
+- no whole GPU has both MPS clients and a claim given the bare device (consumable shares of both modes);
 - nothing exists that no live claim explains: CDI specs, MIG instances, MPS daemons, pipe directories, tmpfs
   mounts, non-default compute modes and time-slices, checkpoint and registry entries;
 - a refused claim left nothing (it explains nothing, so anything of it shows up as unexplained);
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_gpu.hardware.sim_tools.mps_records import pipe_dir_key
-from tests.soak.kubelet_view import MAY_RUN_MPS, DeviceFacts, Phase, SoakClaim
+from tests.soak.kubelet_view import MAY_RUN_MPS, MPS_KINDS, DeviceFacts, Phase, SoakClaim
 from tests.soak.soak_node import SoakNode
 
 CONTAINER_MPS_DIR = "/tmp/nvidia-mps"
@@ -85,6 +86,9 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
     by_uid = {c.uid: c for c in claims}
     daemons = node.live_daemons()
     referenced: dict[str, SoakClaim] = {}  # daemon key -> the claim whose spec mounts its pipe directory
+    # whole GPU -> {mounts an MPS pipe: a claim that does}: a GPU's MPS clients and a claim given the bare
+    # device cannot both work (EXCLUSIVE_PROCESS refuses the bare one's context); admin access only looks
+    modes: dict[str, dict[bool, int]] = {}
 
     # ---- every prepared claim has what it was given, and it is its own
     for claim in claims:
@@ -112,7 +116,10 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
         sharing = claim.sharing()
         whole_uuids = {d.gpu_uuid for d in claim.devices(facts) if d.type != "mig"}
         mounts = _mps_pipe_dirs(spec)
-        if claim.kind in ("mps", "mig-mps", "fraction", "consumable-mps") and not mounts:
+        if claim.kind != "admin":
+            for uuid in whole_uuids:
+                modes.setdefault(uuid, {}).setdefault(bool(mounts), claim.index)
+        if claim.kind in MPS_KINDS and not mounts:
             out.append(Violation("mps-not-mounted", f"claim {claim.index} ({claim.kind}): no MPS pipe mount"))
         for host_dir in mounts:
             try:
@@ -145,7 +152,7 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
                             f"{record.get('default_active_thread_percentage')}, claim {pct}",
                         )
                     )
-        if claim.kind in ("mps", "fraction", "consumable-mps"):
+        if claim.kind in MPS_KINDS - {"mig-mps"}:
             for uuid in whole_uuids - lost_uuids:
                 if gpus[uuid].compute_mode != EXCLUSIVE_PROCESS:
                     out.append(
@@ -160,6 +167,16 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
                             "timeslice", f"claim {claim.index}: GPU {uuid} timeslice {gpus[uuid].timeslice}"
                         )
                     )
+
+    for uuid, by_mode in sorted(modes.items()):
+        if len(by_mode) == 2:
+            out.append(
+                Violation(
+                    "share-modes-mixed",
+                    f"GPU {uuid}: claim {by_mode[True]} is an MPS client, "
+                    f"claim {by_mode[False]} has the bare device",
+                )
+            )
 
     # ---- nothing exists that no live claim explains
     live_uids = {c.uid for c in explained}

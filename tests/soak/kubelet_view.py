@@ -12,7 +12,7 @@ from typing import Any
 
 from tests.plugin.kubelet_client import ClaimId
 
-MPS_KINDS = frozenset({"mps", "mig-mps", "fraction", "consumable-mps"})
+MPS_KINDS = frozenset({"mps", "mig-mps", "fraction", "consumable-mps", "consumable-memory"})
 # kinds that may run an MPS server (consumable shares without a config join their GPU's one server too)
 MAY_RUN_MPS = MPS_KINDS | {"consumable"}
 _MIG_NAME = re.compile(r"^gpu-\d+-mig-[0-9a-z+.-]+-(\d+)-(\d+)$")

@@ -55,7 +55,7 @@ PROFILES = {
         "dgx-a100",
         consumable_shares="4",
         mig_enabled_gpus=(0, 1, 2, 3),
-        kinds=("consumable", "consumable-mps", "mig", "mig-mps", "fraction", "admin"),
+        kinds=("consumable", "consumable-mps", "consumable-memory", "mig", "mig-mps", "fraction", "admin"),
     ),
 }
 
