@@ -72,6 +72,12 @@ _CORES_PER_SM_BY_MAJOR = {6: 64, 7: 64, 8: 64, 9: 128, 10: 128, 12: 128}
 _CORES_PER_SM_EXCEPTIONS = {(6, 1): 128, (6, 2): 128, (8, 6): 128, (8, 7): 128, (8, 9): 128}
 # Compute-instance profile enum whose slice count equals the GPU instance's (one CI spanning the whole GI).
 _CI_PROFILE_FOR_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+# NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1: the compute instance that spans a Hopper 1g.24gb (26 SMs, where
+# profile 0 has a 1g's 16). `nvidia-smi mig -cgi 15,15,15 -C` on a GH200, driver 550.54.15 (2024-07-27,
+# tests/hardware/data/real/nvidia-gh200-96gb-hbm3/cuanschutz-slurm-mig-log) made compute instances of it.
+_CI_PROFILE_1_SLICE_REV1 = 7
+# Every compute-instance profile a GPU instance's compute instances can have, in the order they are listed.
+_CI_PROFILES = (*sorted(set(_CI_PROFILE_FOR_SLICES.values())), _CI_PROFILE_1_SLICE_REV1)
 
 
 def cores_per_sm(capability: tuple[int, int]) -> int:
@@ -355,7 +361,7 @@ class NvmlHardware:
                 gi_info = self._call(what, "nvmlGpuInstanceGetInfo", gi)
                 gi_placement = MigPlacement(int(gi_info.placement.start), int(gi_info.placement.size))
                 found = len(devices)
-                for ci_profile in sorted(set(_CI_PROFILE_FOR_SLICES.values())):
+                for ci_profile in _CI_PROFILES:
                     ci_count = ctypes.c_uint(0)
                     cis = (self._nvml.c_nvmlComputeInstance_t * 8)()
                     try:
@@ -469,17 +475,8 @@ class NvmlHardware:
                 where, "nvmlDeviceCreateGpuInstanceWithPlacement", h, int(info.id), ctypes.byref(placement)
             )
             try:
-                ci_enum = _CI_PROFILE_FOR_SLICES.get(profile.compute_slices)
-                if ci_enum is None:
-                    raise HardwareError(
-                        f"{where}: no compute-instance profile spans {profile.compute_slices} slices"
-                    )
-                ci_info = self._call(
-                    where,
-                    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
-                    gi,
-                    ci_enum,
-                    self._nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+                ci_info = self._spanning_ci_profile(
+                    where, gi, profile.compute_slices, int(info.multiprocessorCount)
                 )
                 ci = self._call(where, "nvmlGpuInstanceCreateComputeInstance", gi, int(ci_info.id))
             except HardwareError:
@@ -504,6 +501,29 @@ class NvmlHardware:
                 int(ci_data.id),
                 MigPlacement(int(gi_info.placement.start), int(gi_info.placement.size)),
             )
+
+    def _spanning_ci_profile(self, where: str, gi: Any, slices: int, multiprocessors: int) -> Any:
+        """The compute-instance profile that spans the GPU instance `gi`, all its slices and all its SMs: on
+        a one-slice GPU instance with more SMs than a 1g (Hopper's 1g.24gb) that is 1-slice rev1, not
+        profile 0 (`nvidia-smi mig -C` chose rev1 on a GH200, driver 550.54.15); else the profile of `slices`
+        slices."""
+        ci_enum = _CI_PROFILE_FOR_SLICES.get(slices)
+        if ci_enum is None:
+            raise HardwareError(f"{where}: no compute-instance profile spans {slices} slices")
+        function = "nvmlGpuInstanceGetComputeInstanceProfileInfo"
+        shared = self._nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        if slices == 1:
+            try:
+                rev1 = getattr(self._nvml, function)(gi, _CI_PROFILE_1_SLICE_REV1, shared)
+            except self._nvml.NVMLError as err:
+                if not self._is(err, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT"):
+                    raise HardwareError(
+                        f"{where}: {function} failed: {self._describe(err)}", nvml_code=self._code(err)
+                    ) from err
+            else:
+                if int(rev1.sliceCount) == 1 and int(rev1.multiprocessorCount) == multiprocessors:
+                    return rev1
+        return self._call(where, function, gi, ci_enum, shared)
 
     def destroy_mig_device(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None:
         with self._lock:

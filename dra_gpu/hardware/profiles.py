@@ -438,6 +438,86 @@ def simulated_gpus(layout: NodeLayout, seed: str) -> tuple[SimulatedGpu, ...]:
     return tuple(SimulatedGpu(i, i, gpu_uuid(seed, i), slot) for i, slot in enumerate(ordered))
 
 
+# Where the driver puts a GPU instance it is not told the placement of (`nvmlDeviceCreateGpuInstance`, what
+# `nvidia-smi mig -cgi` calls): the free start it tries first, by (placement size, starts of the profile). Not
+# first fit, and not the placement that leaves most room (that would put a 1g.24gb at 6:2, not 4:2). Observed:
+# - NVIDIA MIG User Guide, "Instance Geometry" (A100-40GB; the driver is not named): `-cgi 19,14,5` gives
+#   GPU instances 13, 5, 1 (6:1, 4:2, 0:4); `-cgi 19,19,14,9` 13, 11, 3 (6:1, 4:1, 0:2) and then fails with
+#   Insufficient Resources for the 3g.20gb (the guide's "known issue": name 3g.20gb first); `-cgi 9,19,14,19`
+#   gives 2, 7, 4, 8 (4:4, 0:1, 2:2, 1:1); `-cgi 14,19,19,19,19,19` gives 5, 13, 7, 8, 9, 10;
+# - `-cgi 19,19,19,19,19,19,19 -C` on an H100 80GB HBM3 (a public nvidia-smi usage note on GitHub; the driver
+#   is not named): 13, 11, 12, 7, 8, 9, 10;
+# - `-cgi 14,14,14,20 -C` on an A100 80GB of an Azure VM (Microsoft Tech Community blog post "End-to-end
+#   Stable Diffusion test on Azure NC A100/H100 MIG", 2024-08): 5, 3, 4, 13;
+# - `-cgi 15,15,15 -C` on a GH200, driver 550.54.15 (2024-07-27, tests/hardware/data/real/
+#   nvidia-gh200-96gb-hbm3/cuanschutz-slurm-mig-log): 5, 3, 4 (4:2, 0:2, 2:2). The fourth 1g.24gb, at 6:2,
+#   was never observed before the others: it is put last.
+# Profiles of other geometries keep first fit (their starts in order).
+_DEFAULT_PLACEMENT_ORDER: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {
+    (1, _STARTS_1): (6, 4, 5, 0, 1, 2, 3),
+    (2, _STARTS_2): (4, 0, 2),
+    (2, _STARTS_1_REV2): (4, 0, 2, 6),
+    (4, _STARTS_3): (4, 0),
+}
+
+
+def default_placement_order(spec: MigProfileSpec) -> tuple[int, ...]:
+    """The starts of `spec` in the order the driver tries them when no placement is given."""
+    return _DEFAULT_PLACEMENT_ORDER.get((spec.memory_slices, spec.starts), spec.starts)
+
+
+def compute_instance_multiprocessors(profile: GpuProfile, gi: MigProfileSpec, ci_slices: int) -> int:
+    """SMs of a compute instance of `ci_slices` compute slices inside a GPU instance of profile `gi`: all of
+    the GPU instance's where it spans it, else those of the plain GPU-instance profile of that many slices (a
+    1g's, a 2g's...), not a share of the GPU instance's. Observed on an H200, driver 590.48.01 (2026-07-03,
+    tests/hardware/data/real/nvidia-h200/nvidia-gpu-exporter-mig-590.48.01): 1c.3g.71gb has 16 SMs and
+    2c.3g.71gb 32 where the 3g.71gb has 60; on an A100 (MIG User Guide, `-lcip -gi 1`) 1c.3g.20gb 14 and
+    2c.3g.20gb 28, the same rule."""
+    if ci_slices >= gi.compute_slices:
+        return gi.multiprocessors
+    plain = (GI_ENUM_1_SLICE, GI_ENUM_2_SLICE, GI_ENUM_3_SLICE, GI_ENUM_4_SLICE, GI_ENUM_7_SLICE)
+    same_size = [p for p in profile.mig_profiles if p.gi_enum in plain and p.compute_slices == ci_slices]
+    return same_size[0].multiprocessors if same_size else gi.multiprocessors * ci_slices // gi.compute_slices
+
+
+# NVML_COMPUTE_INSTANCE_PROFILE_* enum (the CI profile id on hardware) -> compute slices
+CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}
+CI_PROFILE_1_SLICE_REV1 = 7
+# Compute-instance sizes a GPU instance of N compute slices offers (`nvidia-smi mig -lcip`).
+_CI_SIZES_FOR_GI = {1: (1,), 2: (1, 2), 3: (1, 2, 3), 4: (1, 2, 4), 7: (1, 2, 3, 4, 7)}
+
+
+def _plain_one_slice_multiprocessors(profile: GpuProfile) -> int:
+    return next(p.multiprocessors for p in profile.mig_profiles if p.gi_enum == GI_ENUM_1_SLICE)
+
+
+def compute_instance_profiles(profile: GpuProfile, gi: MigProfileSpec) -> dict[int, int]:
+    """The compute-instance profiles (id -> compute slices) a GPU instance of profile `gi` offers. A one-slice
+    GPU instance with more SMs than a plain 1g (Hopper's 1g.24gb: 26 against 16) has one, the 1-slice rev1
+    profile (id 7) spanning it: `nvidia-smi mig -cgi 15,15,15 -C` on a GH200, driver 550.54.15 (2024-07-27,
+    tests/hardware/data/real/nvidia-gh200-96gb-hbm3/cuanschutz-slurm-mig-log), made compute instances of
+    profile 7. Whether such a GPU instance also offers profile 0 (16 SMs) was not observed: it does not here.
+    An A100's 1g.10gb has a plain 1g's 14 SMs and keeps profile 0."""
+    if gi.compute_slices == 1 and gi.multiprocessors > _plain_one_slice_multiprocessors(profile):
+        return {CI_PROFILE_1_SLICE_REV1: 1}
+    sizes = _CI_SIZES_FOR_GI.get(gi.compute_slices, (gi.compute_slices,))
+    return {ci: n for ci, n in CI_PROFILE_SLICES.items() if n in sizes}
+
+
+def full_compute_instance_profile(profile: GpuProfile, gi: MigProfileSpec) -> int:
+    """The compute-instance profile that spans a GPU instance of profile `gi` (what `-cgi ... -C` makes)."""
+    offered = compute_instance_profiles(profile, gi)
+    return next(ci for ci, n in offered.items() if n == gi.compute_slices)
+
+
+def compute_instance_name(gi: MigProfileSpec, ci_slices: int) -> str:
+    """The compute-instance profile's name: the GPU instance's, with "Nc." in front for part of it, without
+    "+me" (`-cgi 14,14,14,20 -C` on an A100 80GB, Microsoft Tech Community post of 2024-08: the 1g.10gb+me GPU
+    instance's compute instance is "MIG 1g.10gb (ID 0)")."""
+    base = gi.name.removesuffix("+me")
+    return base if ci_slices >= gi.compute_slices else f"{ci_slices}c.{base}"
+
+
 def gpu_instance_id(start: int, size: int) -> int:
     """GPU-instance id for a placement, as the driver assigns it (swizzle id): 8 slices -> 0, halves -> 1-2,
     quarters -> 3-6, eighths -> 7-14. Overlapping placements never share an id, so ids are unique per GPU."""

@@ -11,9 +11,9 @@ Two kinds of test, kept apart because they prove different things:
   with two 3g.20gb MIG devices (`nvidia-smi -q -x`, driver 510.47.03), an H100 80GB HBM3 and an H200 each
   with MIG off and with MIG devices (`nvidia-smi -q` and `-L`, 590.48.01), an L40S (`-q`, 595.80), a GH200's
   MIG profile list (`mig -lgip`, 550.54.15). A capture that e2e/real_gpu/run_checks.sh takes on a lent GPU
-  goes beside them and is compared the same way. Where the simulator is known to differ from these captures
-  (compute instances of part of a GPU instance, the simulated `nvidia-smi mig` output and its default
-  placements), a strict xfail test says so until the simulator is fixed.
+  goes beside them and is compared the same way. Beyond NVML: the simulated `nvidia-smi -L`, `mig -lgip` and
+  `mig -cgi ... -C` against what the real tools printed (those captures, and the creation sequences NVIDIA's
+  MIG User Guide and others published), the SMs of compute instances of part of a GPU instance.
 """
 
 from __future__ import annotations
@@ -289,12 +289,6 @@ def test_lgipp_is_read_in_both_of_its_forms() -> None:
     ] == ["MIG profile 0 placements"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the simulator gives a compute instance of N of its GPU instance's slices N/slices of that GPU "
-    "instance's SMs (20 and 40 of a Hopper 3g's 60); the real H200 gives 16 and 32, a 1g's and a 2g's "
-    "(nvmlGpuInstanceGetComputeInstanceProfileInfo in dra_gpu/hardware/simulator/nvml.py)",
-)
 def test_compute_instances_of_part_of_a_gpu_instance_get_the_real_sm_counts(tmp_path: Path) -> None:
     """The H200 capture's 1c.3g.71gb and 2c.3g.71gb MIG devices, compute instances of one 3g.71gb GPU
     instance, have 16 and 32 SMs; the simulated NVML's compute-instance profiles of a 3g.71gb must say the
@@ -324,24 +318,40 @@ def test_compute_instances_of_part_of_a_gpu_instance_get_the_real_sm_counts(tmp_
     assert simulated == real
 
 
-def _simulated_nvidia_smi(profile: str, root: Path, *commands: list[str]) -> list[str]:
-    """The simulated `nvidia-smi`'s output for each command, on a fresh node of one `profile` GPU in MIG
-    mode."""
-    hardware = open_hardware(profile, str(root))
-    hardware.set_mig_mode(hardware.discover().gpus[0].uuid, True)
-    hardware.close()
-    return [
-        subprocess.run([str(root / "usr/bin/nvidia-smi"), *argv], capture_output=True, text=True).stdout
-        for argv in commands
+def test_an_a100_compute_instance_of_part_of_a_gpu_instance_has_a_plain_profiles_sms(tmp_path: Path) -> None:
+    """The MIG User Guide's `nvidia-smi mig -lcip -gi 1` on an A100-SXM4-40GB 3g.20gb: 1c.3g.20gb 14 SMs,
+    2c.3g.20gb 28, 3g.20gb 42, and the names."""
+    root = tmp_path / "root"
+    _simulated_nvidia_smi("a100-40gb", root)
+    hardware = open_hardware("a100-40gb", str(root))
+    try:
+        assert hardware.discover().gpus[0].mig_enabled
+        nvml = hardware._nvml
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        gpu_instance = nvml.nvmlDeviceCreateGpuInstance(handle, 9)
+        shared = nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+        infos = [
+            nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gpu_instance, p, shared) for p in (0, 1, 2)
+        ]
+    finally:
+        hardware.close()
+    assert [(i.name, i.multiprocessorCount) for i in infos] == [
+        ("MIG 1c.3g.20gb", 14),
+        ("MIG 2c.3g.20gb", 28),
+        ("MIG 3g.20gb", 42),
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the simulated `nvidia-smi mig -lgip` prints one condensed line a profile (and 7/1 instances "
-    "free for the +me profile) where the real one prints a two-row table "
-    "(dra_gpu/hardware/sim_tools/nvidia_smi.py)",
-)
+def _simulated_nvidia_smi(profile: str, root: Path, *commands: list[str]) -> list[str]:
+    """The simulated `nvidia-smi`'s output for each command, on a fresh node of one `profile` GPU in MIG
+    mode."""
+    open_hardware(profile, str(root)).close()
+    smi = str(root / "usr/bin/nvidia-smi")
+    for step in (["-i", "0", "-mig", "1"], ["-i", "0", "-r"]):  # an A100 takes the MIG mode at a reset
+        subprocess.run([smi, *step], capture_output=True, text=True, check=True)
+    return [subprocess.run([smi, *argv], capture_output=True, text=True).stdout for argv in commands]
+
+
 def test_the_simulated_mig_profile_list_reads_as_the_real_one(tmp_path: Path) -> None:
     """Anything that reads the real `nvidia-smi mig -lgip` table (the fidelity test above, an operator's
     script) must read the simulated one the same way: on a fresh GH200 in MIG mode, the same rows as the real
@@ -350,14 +360,85 @@ def test_the_simulated_mig_profile_list_reads_as_the_real_one(tmp_path: Path) ->
     assert len(real) == 7
     (simulated,) = _simulated_nvidia_smi("gh200-96gb", tmp_path / "root", ["mig", "-lgip"])
     assert parse_lgip(simulated) == real
+    assert simulated == (GH200_LOG / CAPTURE_LGIP).read_text()  # column for column, as driver 550.54.15
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the simulated `nvidia-smi mig -cgi` takes the first free placement (1g.24gb at 0:2, 2:2, 4:2: "
-    "GPU instances 3, 4, 5) and the 1-slice compute-instance profile 0; the real driver put them at 4:2, "
-    "0:2, 2:2 (5, 3, 4) with profile 7 (dra_gpu/hardware/sim_tools/nvidia_smi.py, simulator/nvml.py)",
-)
+def test_the_simulated_mig_device_list_reads_as_the_real_one(tmp_path: Path) -> None:
+    """`nvidia-smi -L` on the H200 capture's MIG layout (a 3g.71gb at 4:4 split into 1c and 2c compute
+    instances, a 2g.35gb at 0:2, two 1g.18gb at 2:1 and 3:1) reads as the real one, UUIDs aside: the profile
+    names, "1c."/"2c." included, in the same columns, the devices in the same order."""
+    real = (REAL_CAPTURES / "nvidia-h200" / "nvidia-gpu-exporter-mig-590.48.01" / CAPTURE_LIST).read_text()
+    root = tmp_path / "root"
+    hardware = open_hardware("h200-141gb", str(root))
+    try:
+        uuid = hardware.discover().gpus[0].uuid
+        hardware.set_mig_mode(uuid, True)
+        for profile_id, start in ((14, 0), (19, 2), (19, 3)):
+            hardware.create_mig_device(uuid, profile_id, start)
+        nvml = hardware._nvml
+        placement = nvml.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = 4, 4
+        handle = nvml.nvmlDeviceGetHandleByIndex(0)
+        gpu_instance = nvml.nvmlDeviceCreateGpuInstanceWithPlacement(handle, 9, placement)
+        for ci_profile in (0, 1):  # 1 slice, then 2
+            nvml.nvmlGpuInstanceCreateComputeInstance(gpu_instance, ci_profile)
+    finally:
+        hardware.close()
+    listed = subprocess.run([str(root / "usr/bin/nvidia-smi"), "-L"], capture_output=True, text=True).stdout
+
+    def masked(text: str) -> list[str]:
+        return [re.sub(r"UUID: [^)]+", "UUID: ...", line) for line in text.splitlines()]
+
+    assert masked(listed) == masked(real)
+
+
+# `nvidia-smi mig -cgi` on an empty GPU as published, and the GPU-instance ids the real driver gave, in order
+# (the observations profiles.default_placement_order models): NVIDIA's MIG User Guide ("Instance Geometry",
+# an A100-SXM4-40GB), a public nvidia-smi usage note (an H100 80GB HBM3), a Microsoft Tech Community post of
+# 2024-08 (an A100 80GB), the GH200 capture above (driver 550.54.15). None is first fit.
+PUBLISHED_CREATIONS = [
+    ("a100-40gb", "19,14,5", [13, 5, 1]),
+    ("a100-40gb", "9,19,14,19", [2, 7, 4, 8]),
+    ("a100-40gb", "14,19,19,19,19,19", [5, 13, 7, 8, 9, 10]),
+    ("a100-40gb", "9,9", [2, 1]),
+    ("h100-80gb", "19,19,19,19,19,19,19", [13, 11, 12, 7, 8, 9, 10]),
+    ("a100-80gb", "14,14,14,20", [5, 3, 4, 13]),
+    ("gh200-96gb", "15,15,15", [5, 3, 4]),
+]
+
+
+@pytest.mark.parametrize(("profile", "wanted", "gi_ids"), PUBLISHED_CREATIONS)
+def test_gpu_instances_land_where_the_real_driver_put_them(
+    tmp_path: Path, profile: str, wanted: str, gi_ids: list[int]
+) -> None:
+    (created,) = _simulated_nvidia_smi(profile, tmp_path / "root", ["mig", "-cgi", wanted, "-C"])
+    assert [int(m) for m in re.findall(r"created GPU instance ID +(\d+)", created)] == gi_ids
+
+
+def test_the_placement_the_mig_user_guide_warns_about_fails_as_on_hardware(tmp_path: Path) -> None:
+    """The MIG User Guide's "known issue": `-cgi 19,19,14,9` on an A100 puts the 1g.5gb at 6:1 and 4:1 and
+    the 2g.10gb at 0:2, leaving no 4:4 or 0:4 for the 3g.20gb: Insufficient Resources. An expectation that
+    sets up MIG with the 3g.20gb last would pass on the simulator and fail on a real A100."""
+    root = tmp_path / "root"
+    _simulated_nvidia_smi("a100-40gb", root, [])
+    done = subprocess.run(
+        [str(root / "usr/bin/nvidia-smi"), "mig", "-cgi", "19,19,14,9"], capture_output=True, text=True
+    )
+    assert [int(m) for m in re.findall(r"created GPU instance ID +(\d+)", done.stdout)] == [13, 11, 3]
+    assert done.returncode != 0
+    assert "Unable to create a GPU instance on GPU  0 using profile 9: Insufficient Resources" in done.stderr
+
+
+def test_the_compute_instance_of_a_media_extension_instance_is_named_without_me(tmp_path: Path) -> None:
+    """Real `-cgi 14,14,14,20 -C` on an A100 80GB (Microsoft Tech Community, 2024-08): the 1g.10gb+me GPU
+    instance's compute instance is "MIG 1g.10gb (ID  0)"."""
+    (created,) = _simulated_nvidia_smi("a100-80gb", tmp_path / "root", ["mig", "-cgi", "14,14,14,20", "-C"])
+    assert created.splitlines()[-1] == (
+        "Successfully created compute instance ID  0 on GPU  0 GPU instance ID 13 using profile MIG 1g.10gb "
+        "(ID  0)"
+    )
+
+
 def test_the_simulated_mig_create_places_instances_as_the_real_driver(tmp_path: Path) -> None:
     """Where a GPU instance lands decides which profiles still fit next to it, so the simulated
     `nvidia-smi mig -cgi 15,15,15 -C` on a fresh GH200 must say what the real one said: the same GPU-instance

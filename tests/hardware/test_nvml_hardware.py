@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import shutil
 import subprocess
@@ -316,7 +317,10 @@ def test_fake_nvidia_smi_applies_a_mig_parted_layout(root: Path) -> None:
     off = run("mig", "-i", "0", "-cgi", "19", "-C")  # pending until the reset: nothing is made
     assert off.returncode != 0 and hw.list_mig_devices(hw.discover().gpus[0].uuid) == []
     assert run("-i", "0,1", "-r").returncode == 0
-    done = run("mig", "-i", "0,1", "-cgi", "1g.5gb,1g.5gb,2g.10gb,3g.20gb", "-C")
+    # The 3g.20gb first: in the order 1g.5gb,1g.5gb,2g.10gb,3g.20gb the driver puts the 1g.5gb at 6:1 and 4:1
+    # and the 2g.10gb at 0:2, and no 3g.20gb fits (the MIG User Guide's "known issue"). mig-parted tries the
+    # orders of a layout's profiles until one works; this is the one that does.
+    done = run("mig", "-i", "0,1", "-cgi", "3g.20gb,1g.5gb,1g.5gb,2g.10gb", "-C")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("Successfully created GPU instance") == 8
     assert done.stdout.count("Successfully created compute instance") == 8
@@ -386,3 +390,26 @@ def test_dual_gh200_two_gpus_that_differ_only_by_pci_domain(root: Path) -> None:
         assert sorted(d.placement.start for d in devices) == list(range(7))
         assert {d.profile for d in devices} == {"1g.12gb"}
     assert run("mig", "-i", "0", "-cgi", "19").returncode != 0  # the GPU is full
+
+
+def test_a_hopper_1g_24gb_gets_the_compute_instance_that_spans_it(root: Path) -> None:
+    """A GH200's 1g.24gb has 26 SMs where compute-instance profile 0 would give a 1g's 16: the real driver's
+    `-C` made it a compute instance of profile 7 (1-slice rev1; driver 550.54.15). The driver's own MIG path
+    makes the same, and lists a 1g.24gb that nvidia-smi made as a MIG device, not as an empty GPU instance."""
+    hw = open_hardware("gh200-96gb", str(root))
+    uuid = hw.discover().gpus[0].uuid
+    ours = hw.create_mig_device(uuid, 15, 0)  # 1g.24gb at 0:2
+    smi = subprocess.run(
+        [str(root / "usr/bin/nvidia-smi"), "mig", "-cgi", "15", "-C"], capture_output=True, text=True
+    )
+    assert "GPU instance ID  5" in smi.stdout and "using profile MIG 1g.24gb (ID  7)" in smi.stdout
+    nvml = hw._nvml
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    for gi_id in (ours.gi_id, 5):
+        gpu_instance = nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+        count = ctypes.c_uint(0)
+        cis = (nvml.c_nvmlComputeInstance_t * 1)()
+        nvml.nvmlGpuInstanceGetComputeInstances(gpu_instance, 7, cis, ctypes.byref(count))
+        assert count.value == 1
+    assert [(d.profile, d.gi_id) for d in hw.list_mig_devices(uuid)] == [("1g.24gb", 3), ("1g.24gb", 5)]
+    hw.close()

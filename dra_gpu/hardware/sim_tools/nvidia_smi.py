@@ -2,7 +2,8 @@
 
 Supported: `-L`, `-q [-x] [-i X]`, `-i X -c MODE`, `compute-policy -i X --set-timeslice N`, `mig
 -lgip|-lgipp|-lgi [-i X]`, `mig [-i X] -cgi P[,P...] [-C]` (GPU instances by profile ID or name, each with
-its full compute instance under `-C`: what nvidia-mig-parted does for a layout), `-i X -mig 0|1`, `-i X -r`
+its full compute instance under `-C`, placed where the real driver places them, so an order the real driver
+cannot fit fails here too: what nvidia-mig-parted does for a layout), `-i X -mig 0|1`, `-i X -r`
 (reset: applies a pending MIG mode). `X` is an index, a UUID or a PCI bus id, comma-separated lists allowed.
 Output follows the real tool's layout closely enough for the driver and for people comparing with a real
 machine; changes go into the simulator state.
@@ -20,7 +21,7 @@ import pynvml
 
 from dra_gpu.hardware import profiles
 from dra_gpu.hardware.sim_driver_root import open_simulated_nvml
-from dra_gpu.hardware.simulator.nvml import CI_PROFILE_SLICES, SimulatedNvml
+from dra_gpu.hardware.simulator.nvml import SimulatedNvml
 from dra_gpu.hardware.simulator.state import SimState
 from dra_gpu.hardware.types import normalize_bus_id
 
@@ -39,6 +40,14 @@ _RC_BY_NVML_ERROR = {
     pynvml.NVML_ERROR_GPU_IS_LOST: 15,
 }
 RC_OTHER = 255
+_LGIP_RULE = "+" + "-" * 77 + "+"
+_LGIP_HEAD = [
+    _LGIP_RULE,
+    f"| {'GPU instance profiles:':<76}|",
+    "| GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC  |",
+    "|                              Free/Total   GiB              CE    JPEG  OFA  |",
+    "|" + "=" * 77 + "|",
+]
 # The fault name `compute-policy --set-timeslice` answers to (`dra-gpu hardware fault --function ...`): the
 # simulator has no NVML function for it, and a lost GPU ("*") fails it too.
 SET_TIMESLICE_STEP = "nvidia-smi compute-policy --set-timeslice"
@@ -142,7 +151,15 @@ class Smi:
             for gi in gstate.gpu_instances:
                 spec = next(p for p in gpu.profile.mig_profiles if p.gi_profile_id == gi.profile_id)
                 for ci in gi.compute_instances:
-                    lines.append(f"  MIG {spec.name:<14} Device {device:>2}: (UUID: {ci.uuid})")
+                    # "  MIG 2g.35gb     Device  2:", "  MIG 1c.3g.71gb  Device  0:": the name in 11 columns
+                    # and a space (an H200 and an H100, driver 590.48.01, tests/hardware/data/real/*/
+                    # nvidia-gpu-exporter-mig-590.48.01/nvidia-smi-L.txt; the MIG User Guide's A100 too)
+                    name = (
+                        spec.name
+                        if ci.slice_count >= spec.compute_slices
+                        else f"{ci.slice_count}c.{spec.name}"
+                    )
+                    lines.append(f"  MIG {name:<11} Device {device:>2}: (UUID: {ci.uuid})")
                     device += 1
         return "\n".join(lines)
 
@@ -235,29 +252,43 @@ class Smi:
             ET.SubElement(node, "numa_node").text = numa
         return '<?xml version="1.0" ?>\n' + ET.tostring(root, encoding="unicode")
 
-    def mig_list_profiles(self, selected: list[profiles.SimulatedGpu], placements: bool) -> str:
+    def mig_list_profiles(self, selected: list[profiles.SimulatedGpu]) -> str:
+        """`nvidia-smi mig -lgip`: the real tool's table, two rows a profile. Laid out column for column as a
+        GH200 printed it, driver 550.54.15 (2024-07-27, tests/hardware/data/real/nvidia-gh200-96gb-hbm3/
+        cuanschutz-slurm-mig-log/nvidia-smi-mig-lgip.txt); newer drivers print the name column two wider."""
         rows: list[str] = []
         for gpu in selected:
-            gstate = self.state.gpus[gpu.index]
-            if not gstate.mig_current:
+            if not self.state.gpus[gpu.index].mig_current:
                 continue
             for spec in gpu.profile.mig_profiles:
-                if placements:
-                    where = ",".join(str(s) for s in spec.starts)
-                    rows.append(
-                        f"GPU {gpu.index:>2} Profile ID {spec.gi_profile_id:>2} Placements: "
-                        f"{{{where}}}:{spec.memory_slices}"
-                    )
-                else:
-                    free = self.nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(
-                        self.handle(gpu), spec.gi_profile_id
-                    )
-                    rows.append(
-                        f"|  {gpu.index:>2}  MIG {spec.name:<13} {spec.gi_profile_id:>3}  "
-                        f"{free:>2}/{spec.max_instances:<2}  {spec.memory_mib / 1024:>8.2f}   No  "
-                        f"{spec.multiprocessors:>4} {spec.decoders:>4} {spec.encoders:>4} | "
-                        f"CE {spec.copy_engines} JPEG {spec.jpeg_engines} OFA {spec.ofa_engines}"
-                    )
+                free = self.nvml.nvmlDeviceGetGpuInstanceRemainingCapacity(
+                    self.handle(gpu), spec.gi_profile_id
+                )
+                rows += [
+                    f"|{gpu.index:>4}  MIG {spec.name:<13}{spec.gi_profile_id:>3}     "
+                    f"{f'{free}/{spec.max_instances}':<11}{spec.memory_mib / 1024:<11.2f}{'No':<7}"
+                    f"{spec.multiprocessors:<7}{spec.decoders:<6}{spec.encoders:<4}|",
+                    f"|{'':61}{spec.copy_engines:<6}{spec.jpeg_engines:<6}{spec.ofa_engines:<4}|",
+                    _LGIP_RULE,
+                ]
+        if not rows:
+            return "No MIG-enabled devices found."
+        return "\n".join(_LGIP_HEAD + rows)
+
+    def mig_list_placements(self, selected: list[profiles.SimulatedGpu]) -> str:
+        """`nvidia-smi mig -lgipp`: "Placements:" before several starts, "Placement :" before one, as real
+        ones print it (an H100 80GB HBM3, a public nvidia-smi usage note; the MIG User Guide's A100 too)."""
+        rows: list[str] = []
+        for gpu in selected:
+            if not self.state.gpus[gpu.index].mig_current:
+                continue
+            for spec in gpu.profile.mig_profiles:
+                word = "Placements:" if len(spec.starts) > 1 else "Placement :"
+                where = ",".join(str(s) for s in spec.starts)
+                size = spec.memory_slices
+                rows.append(
+                    f"GPU {gpu.index:>2} Profile ID {spec.gi_profile_id:>2} {word} {{{where}}}:{size}"
+                )
         if not rows:
             return "No MIG-enabled devices found."
         return "\n".join(rows)
@@ -375,12 +406,13 @@ class Smi:
                 )
                 if not with_ci:
                     continue
-                ci_profile = next(p for p, n in CI_PROFILE_SLICES.items() if n == spec.compute_slices)
+                ci_profile = profiles.full_compute_instance_profile(gpu.profile, spec)
                 ci = self.nvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile)
                 ci_id = self.nvml.nvmlComputeInstanceGetInfo(ci).id
+                ci_name = profiles.compute_instance_name(spec, spec.compute_slices)
                 lines.append(
                     f"Successfully created compute instance ID {ci_id:>2} on GPU {gpu.index:>2} GPU instance "
-                    f"ID {gi_id:>2} using profile MIG {spec.name} (ID {ci_profile:>2})"
+                    f"ID {gi_id:>2} using profile MIG {ci_name} (ID {ci_profile:>2})"
                 )
         return "\n".join(lines)
 
@@ -412,9 +444,9 @@ def run(argv: Sequence[str], nvml: SimulatedNvml) -> tuple[int, str]:
         args.pop(0)
         target = smi.select(_option(args, "-i", "--id"))
         if _flag(args, "-lgip", "--list-gpu-instance-profiles"):
-            return 0, smi.mig_list_profiles(target, placements=False)
+            return 0, smi.mig_list_profiles(target)
         if _flag(args, "-lgipp", "--list-gpu-instance-possible-placements"):
-            return 0, smi.mig_list_profiles(target, placements=True)
+            return 0, smi.mig_list_placements(target)
         created = _option(args, "-cgi", "--create-gpu-instance")
         if created is not None:
             with_ci = _flag(args, "-C", "--default-compute-instance")

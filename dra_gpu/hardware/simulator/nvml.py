@@ -12,6 +12,9 @@ Behaviour modelled on hardware:
   existing instance (else INSUFFICIENT_RESOURCES); the instance count per profile is capped at
   `instanceCount`.
 - GPU-instance ids follow the placement (swizzle id), compute-instance ids count from 0 inside a GPU instance.
+- A GPU instance created without a placement goes where the real driver puts it, not at the first free start
+  (profiles.default_placement_order); a compute instance of part of a GPU instance has the SMs of the plain
+  GPU-instance profile of its size (profiles.compute_instance_multiprocessors).
 - MIG calls on a GPU with MIG disabled fail with NOT_SUPPORTED; on a GPU without MIG with NOT_SUPPORTED.
 - Profile and placement queries work whatever the MIG mode (the driver inspects them before enabling MIG).
 - `nvmlDeviceSetMigMode`: Hopper+ switches immediately; Ampere only changes the pending mode (activation
@@ -34,6 +37,7 @@ Behaviour modelled on hardware:
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -60,10 +64,6 @@ from dra_gpu.hardware.types import normalize_bus_id
 
 _T = TypeVar("_T")
 
-# Compute-instance profile enum -> compute slices (the CI profile id equals the enum on hardware).
-CI_PROFILE_SLICES = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}
-# Compute-instance sizes a GPU instance of N compute slices offers (`nvidia-smi mig -lcip`).
-_CI_SIZES_FOR_GI = {1: (1,), 2: (1, 2), 3: (1, 2, 3), 4: (1, 2, 4), 7: (1, 2, 3, 4, 7)}
 MAX_MIG_DEVICES = 7
 # First driver branch taken to have nvmlDeviceGetAddressingMode: R570 (CUDA 12.8). Unconfirmed, chosen so that
 # the R535 layouts (single-t4, single-p4) show the FUNCTION_NOT_FOUND path and the R570 ones the call.
@@ -562,7 +562,23 @@ class SimulatedNvml:
         gpu, gstate = self._gpu(state, ref)
         spec = self._mig_profile_by_id(gpu, profile_id)
         self._require_mig_enabled(gpu, gstate)
-        return sum(1 for start in spec.starts if self._placement_free(gpu, gstate, spec, start) is None)
+        return self._remaining_capacity(gpu, gstate, spec)
+
+    def _remaining_capacity(
+        self, gpu: profiles.SimulatedGpu, gstate: GpuState, spec: profiles.MigProfileSpec
+    ) -> int:
+        """How many more instances of `spec` fit, each where the driver would put it: not the free starts (a
+        1g.12gb+me has seven starts but one instance; a real GH200 says "1/1", driver 550.54.15)."""
+        trial = dataclasses.replace(gstate, gpu_instances=list(gstate.gpu_instances))
+        count = 0
+        for start in profiles.default_placement_order(spec):
+            if self._placement_free(gpu, trial, spec, start) is None:
+                gi_id = profiles.gpu_instance_id(start, spec.memory_slices)
+                trial.gpu_instances.append(
+                    GpuInstanceState(gi_id, spec.gi_profile_id, start, spec.memory_slices)
+                )
+                count += 1
+        return count
 
     @staticmethod
     def _placement_free(
@@ -598,10 +614,9 @@ class SimulatedNvml:
 
         def change(_s: SimState, gstate: GpuState) -> int:
             self._require_mig_enabled(gpu, gstate)
-            if start is None:
-                chosen = next(
-                    (s for s in spec.starts if self._placement_free(gpu, gstate, spec, s) is None), None
-                )
+            if start is None:  # the driver's own choice, not first fit (profiles.default_placement_order)
+                order = profiles.default_placement_order(spec)
+                chosen = next((s for s in order if self._placement_free(gpu, gstate, spec, s) is None), None)
                 if chosen is None:
                     _fail(pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES)
             else:
@@ -694,8 +709,8 @@ class SimulatedNvml:
         spec = self._mig_profile_by_id(gpu, gi.profile_id)
         if eng_profile != pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED or version not in (1, 2):
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        slices = CI_PROFILE_SLICES.get(profile)
-        if slices is None or slices not in _CI_SIZES_FOR_GI[spec.compute_slices]:
+        slices = profiles.compute_instance_profiles(gpu.profile, spec).get(profile)
+        if slices is None:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
         info: Any = (
             pynvml.c_nvmlComputeInstanceProfileInfo_v2_t()
@@ -705,13 +720,12 @@ class SimulatedNvml:
         info.id = profile
         info.sliceCount = slices
         info.instanceCount = spec.compute_slices // slices
-        info.multiprocessorCount = spec.multiprocessors * slices // spec.compute_slices
+        info.multiprocessorCount = profiles.compute_instance_multiprocessors(gpu.profile, spec, slices)
         info.sharedCopyEngineCount, info.sharedDecoderCount = spec.copy_engines, spec.decoders
         info.sharedEncoderCount, info.sharedJpegCount = spec.encoders, spec.jpeg_engines
         info.sharedOfaCount = spec.ofa_engines
         if version == 2:
-            prefix = "" if slices == spec.compute_slices else f"{slices}c."
-            info.name = f"MIG {prefix}{spec.name}".encode()
+            info.name = f"MIG {profiles.compute_instance_name(spec, slices)}".encode()
         return info
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfoV(
@@ -723,8 +737,8 @@ class SimulatedNvml:
         state, ref, gi0 = self._gi_handle(gpu_instance, "nvmlGpuInstanceCreateComputeInstance")
         gpu = self._gpus(state)[ref.gpu_index]
         spec = self._mig_profile_by_id(gpu, gi0.profile_id)
-        slices = CI_PROFILE_SLICES.get(profile_id)
-        if slices is None or slices not in _CI_SIZES_FOR_GI[spec.compute_slices]:
+        slices = profiles.compute_instance_profiles(gpu.profile, spec).get(profile_id)
+        if slices is None:
             _fail(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
         def change(s: SimState, gstate: GpuState) -> int:
