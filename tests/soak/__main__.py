@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.soak.driver import SoakFailedError, describe, shrink, soak
-from tests.soak.machine import SoakEnvironment
+from tests.soak.environment import SoakEnvironment
 from tests.soak.profiles import PROFILES
 from tests.soak.stats import SoakStats
 from tests.support.control_plane import ControlPlane

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.soak.machine import SoakEnvironment
+from tests.soak.environment import SoakEnvironment
 
 
 @pytest.fixture(scope="session")

@@ -12,15 +12,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.soak.machine import (
-    FAULT_GAP,
-    FAULT_POINTS,
-    MAX_CLAIMS,
-    InvariantBrokenError,
-    SoakEnvironment,
-    SoakRun,
-)
+from tests.soak.environment import SoakEnvironment
+from tests.soak.fault_steps import FAULT_POINTS
+from tests.soak.pacing import FAULT_GAP, MAX_CLAIMS
 from tests.soak.profiles import Profile
+from tests.soak.run import SoakRun
+from tests.soak.run_state import InvariantBrokenError
 from tests.soak.stats import SoakStats
 
 

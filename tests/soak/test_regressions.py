@@ -40,9 +40,10 @@ import pytest
 from dra_gpu.hardware.sim_driver_root import open_simulated_nvml
 from dra_gpu.hardware.simulator.state import Fault
 from tests.soak.driver import Step, run_node
+from tests.soak.environment import SoakEnvironment
 from tests.soak.kubelet_view import Phase, SoakClaim
-from tests.soak.machine import SoakEnvironment, SoakRun
 from tests.soak.profiles import PROFILES
+from tests.soak.run import SoakRun
 from tests.soak.stats import SoakStats
 
 pytestmark = pytest.mark.apiserver

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from tests.soak.driver import SoakFailedError, describe, shrink, soak
-from tests.soak.machine import SoakEnvironment
+from tests.soak.environment import SoakEnvironment
 from tests.soak.profiles import PROFILES
 from tests.soak.stats import SoakStats
 
