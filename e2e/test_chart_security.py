@@ -218,6 +218,20 @@ def test_a_plugin_token_can_create_and_delete_only_its_nodes_mps_daemon_pods(
     print(f"\n[security] refused: {json.dumps(refusals, indent=1)}")
 
 
+def _webhook_serving(kubectl: Kubectl) -> None:
+    """Wait until the webhook's Service has a ready endpoint: `helm install --wait` returns once the pods are
+    Ready, a moment before their EndpointSlice says so, and in between the API server refuses every claim
+    with a gpu.nvidia.com config ("no endpoints available for service", failurePolicy Fail)."""
+
+    def ready_endpoint() -> bool:
+        # (an EndpointSlice carries its Service's labels)
+        slices = kubectl.items("endpointslices.discovery.k8s.io", NAMESPACE, WEBHOOK_SELECTOR)
+        endpoints = [e for s in slices for e in s.get("endpoints") or ()]
+        return any((e.get("conditions") or {}).get("ready") for e in endpoints)
+
+    wait_until(ready_endpoint, timeout_s=120, what="a ready endpoint of the webhook Service")
+
+
 def _install_again(rel: Release, settings: E2ESettings) -> None:
     """The release as the `release` fixture installed it (run.sh's values on kind)."""
     if ON_KIND:
@@ -234,6 +248,7 @@ def _install_again(rel: Release, settings: E2ESettings) -> None:
         "--wait", "--timeout=5m", timeout=360,
     )  # fmt: skip
     rel.uninstalled = False
+    _webhook_serving(rel.kubectl)
 
 
 def test_helm_uninstall_takes_the_mps_daemon_pods_with_it(
@@ -245,6 +260,7 @@ def test_helm_uninstall_takes_the_mps_daemon_pods_with_it(
     `helm uninstall` deletes the DaemonSet (a rolling update, which replaces only pods, leaves it: see
     test_chart_install.py). Installed again, the plugin takes the claim back and unprepares it cleanly."""
     kubectl = release.kubectl
+    _webhook_serving(kubectl)  # an earlier test may have just installed the release again
     manifest = _mps_manifest("whole", namespace, "gpu.nvidia.com", "GpuConfig")
     kubectl.apply("\n---\n".join(json.dumps(d) for d in manifest), namespace=namespace)
     _running(release, namespace, "whole")
