@@ -1,4 +1,6 @@
-"""`--feature-gates` of the kubelet plugin: NVIDIA's gate names, in NVIDIA's form (`NAME=true,NAME=false,`).
+"""`--feature-gates` of the kubelet plugin and the webhook: NVIDIA's gate names, in NVIDIA's form
+(`NAME=true,NAME=false,`). The webhook reads them for one thing: the sharing strategies refused below are
+refused at admission too, with the same message (`refused_sharing_strategies`).
 
 Every gate of NVIDIA's driver (kubernetes-sigs/dra-driver-nvidia-gpu `pkg/featuregates`, plus the logging
 gates of Kubernetes' component-base it registers next to them) is accepted, so NVIDIA's `featureGates`
@@ -161,6 +163,22 @@ def check_consumable_shares(gates: Mapping[str, bool], mode: str) -> None:
         )
 
 
+# The sharing strategies of NVIDIA's opaque configs that a gate can switch off, with that gate.
+SHARING_STRATEGY_GATES: dict[str, str] = {"TimeSlicing": TIME_SLICING_SETTINGS, "MPS": MPS_SUPPORT}
+
+
+def refused_sharing_strategies(gates: Mapping[str, bool]) -> dict[str, str]:
+    """strategy -> NVIDIA's message, for each sharing strategy whose gate is off. One text for both places
+    that refuse such a config: the kubelet plugin at prepare and the webhook at admission (both get the
+    chart's featureGates)."""
+    return {
+        strategy: f"{strategy!r} is selected as the GPU sharing strategy, but the {gate!r} feature gate is "
+        f"not enabled ({gate}=false in --feature-gates, the chart's featureGates)"
+        for strategy, gate in SHARING_STRATEGY_GATES.items()
+        if not gates[gate]
+    }
+
+
 class FeatureGatedSharing:
     """The sharing manager with NVIDIA's TimeSlicingSettings / MPSSupport gates in front of prepare: a
     group whose config asks for a strategy whose gate is off is refused with NVIDIA's message before anything
@@ -168,22 +186,14 @@ class FeatureGatedSharing:
 
     def __init__(self, inner: SharingManager, gates: Mapping[str, bool]) -> None:
         self._inner = inner
-        self._off = {
-            strategy: gate
-            for strategy, gate in (("TimeSlicing", TIME_SLICING_SETTINGS), ("MPS", MPS_SUPPORT))
-            if not gates[gate]
-        }
+        self._refused = refused_sharing_strategies(gates)
 
     def prepare_group(
         self, claim_uid: str, config: object | None, devices: Sequence[AllocatedDevice]
     ) -> GroupResult:
         strategy = getattr(config, "strategy", None)
-        if strategy in self._off:
-            gate = self._off[strategy]
-            raise SharingError(
-                f"{strategy!r} is selected as the GPU sharing strategy, but the {gate!r} feature gate is not "
-                f"enabled (the plugin runs with --feature-gates {gate}=false)"
-            )
+        if isinstance(strategy, str) and strategy in self._refused:
+            raise SharingError(self._refused[strategy])
         return self._inner.prepare_group(claim_uid, config, devices)
 
     def unprepare_group(self, claim_uid: str, state: Mapping[str, Any]) -> None:

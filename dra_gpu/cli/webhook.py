@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 from types import FrameType
 from typing import Any
 
+from dra_gpu.cli.feature_gates import no_effect_notes, parse_feature_gates, refused_sharing_strategies
 from dra_gpu.webhook.server import REQUEST_TIMEOUT_S, VALIDATE_PATH, WORKERS, TlsFiles, WebhookServer
 
 
@@ -36,6 +38,13 @@ def register(subparsers: Any) -> None:
         metavar="SECONDS",
         help=f"a TLS handshake or request not done within this is cut off (default {REQUEST_TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "--feature-gates",
+        default=os.environ.get("FEATURE_GATES", ""),
+        help="NVIDIA's driver feature gates, NAME=true|false,... as the kubelet plugin takes them: a claim "
+        "whose config asks for a sharing strategy whose gate is off (TimeSlicingSettings=false, "
+        "MPSSupport=false) is refused at admission with the plugin's message [FEATURE_GATES]",
+    )
     parser.set_defaults(func=run)
 
 
@@ -56,10 +65,20 @@ def _positive_float(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        refused = refused_sharing_strategies(parse_feature_gates(args.feature_gates))
+    except ValueError as err:
+        print(f"dra-gpu webhook: {err}", file=sys.stderr)
+        return 1
     tls = TlsFiles(args.tls_cert_file, args.tls_private_key_file)
     try:
         server = WebhookServer(
-            args.bind_address, args.port, tls, workers=args.workers, request_timeout_s=args.request_timeout
+            args.bind_address,
+            args.port,
+            tls,
+            workers=args.workers,
+            request_timeout_s=args.request_timeout,
+            refused_strategies=refused,
         )
     except (OSError, ValueError) as err:
         print(f"dra-gpu webhook: cannot start: {err}", file=sys.stderr)
@@ -72,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     print(f"dra-gpu webhook: serving https://{args.bind_address}:{server.port}{VALIDATE_PATH}", flush=True)
+    for strategy, why in refused.items():
+        print(f"dra-gpu webhook: refusing configs with sharing strategy {strategy}: {why}", flush=True)
+    for note in no_effect_notes(args.feature_gates):
+        print(f"dra-gpu webhook: {note}", flush=True)
     try:
         server.serve_forever()
     finally:

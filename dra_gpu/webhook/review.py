@@ -5,6 +5,10 @@ ResourceClaims (`spec.devices.config`), ResourceClaimTemplates (`spec.spec.devic
 v1beta1, v1beta2 agree on where config lives). Every entry whose driver is ours is decoded with the same
 `decode_opaque_config` the kubelet plugin uses, so what is admitted here is what Prepare accepts. Entries for
 other drivers are skipped, as the DRA API requires.
+
+A sharing strategy whose feature gate is off (TimeSlicingSettings=false, MPSSupport=false: the webhook gets
+the chart's featureGates, as the plugin does) would be refused at prepare; `refused_strategies` maps each such
+strategy to the plugin's message, so that the claim is refused at admission with it instead.
 """
 
 from __future__ import annotations
@@ -49,8 +53,11 @@ def object_label(kind: str, obj: Mapping[str, Any]) -> str:
     return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
 
 
-def check_object(kind: str, obj: Mapping[str, Any]) -> list[Problem]:
-    """Every problem with the object's opaque configs for our driver; [] when all are fine or it has none."""
+def check_object(
+    kind: str, obj: Mapping[str, Any], refused_strategies: Mapping[str, str] | None = None
+) -> list[Problem]:
+    """Every problem with the object's opaque configs for our driver; [] when all are fine or it has none.
+    `refused_strategies`: sharing strategy -> why it is refused (its feature gate is off)."""
     path = CONFIG_PATHS.get(kind)
     if path is None:
         return []
@@ -75,9 +82,15 @@ def check_object(kind: str, obj: Mapping[str, Any]) -> list[Problem]:
             problems.append(Problem(f"{where}.opaque.parameters", "required for driver gpu.nvidia.com"))
             continue
         try:
-            decode_opaque_config(parameters)
+            config = decode_opaque_config(parameters)
         except ConfigError as err:
             problems.extend(_problems_from(err, f"{where}.opaque.parameters"))
+            continue
+        strategy = getattr(config, "strategy", None)
+        if refused_strategies and isinstance(strategy, str) and strategy in refused_strategies:
+            problems.append(
+                Problem(f"{where}.opaque.parameters.sharing.strategy", refused_strategies[strategy])
+            )
     return problems
 
 
@@ -116,8 +129,11 @@ def _problems_from(err: ConfigError, prefix: str) -> list[Problem]:
     ]
 
 
-def review(request_body: Mapping[str, Any]) -> dict[str, Any]:
-    """Answer one AdmissionReview (admission.k8s.io/v1). Raises ValueError for a body that is not one."""
+def review(
+    request_body: Mapping[str, Any], refused_strategies: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Answer one AdmissionReview (admission.k8s.io/v1). Raises ValueError for a body that is not one.
+    `refused_strategies`: as in `check_object`."""
     if request_body.get("kind") != "AdmissionReview":
         raise ValueError("body is not an AdmissionReview")
     request = request_body.get("request")
@@ -130,7 +146,7 @@ def review(request_body: Mapping[str, Any]) -> dict[str, Any]:
     kind = str(kind_info.get("kind") or (obj.get("kind") if isinstance(obj, Mapping) else "") or "")
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if _needs_validation(request) and isinstance(obj, Mapping):
-        problems = check_object(kind, obj)
+        problems = check_object(kind, obj, refused_strategies)
         warnings = deprecation_warnings(kind, obj)
         if warnings:
             response["warnings"] = warnings

@@ -16,6 +16,7 @@ import json
 import socket
 import ssl
 import threading
+from collections.abc import Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
@@ -72,7 +73,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("body is not a JSON object")
-            answer = review(body)
+            answer = review(body, self.server.refused_strategies)
         except (ValueError, UnicodeDecodeError) as err:
             self._send(HTTPStatus.BAD_REQUEST, f"bad AdmissionReview: {err}".encode(), "text/plain")
             return
@@ -107,12 +108,15 @@ class WebhookServer(HTTPServer):
         request_timeout_s: float = REQUEST_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        refused_strategies: Mapping[str, str] | None = None,
     ) -> None:
         if min(request_timeout_s, idle_timeout_s, handshake_timeout_s) <= 0:
             raise ValueError("request, idle and handshake timeouts must be positive")
         if workers < 1:
             raise ValueError(f"workers must be at least 1, got {workers}")
         self._tls = ReloadingContext(tls)
+        # sharing strategy -> why claims asking for it are refused (its feature gate is off)
+        self.refused_strategies: Mapping[str, str] = dict(refused_strategies or {})
         self.request_timeout_s = request_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.handshake_timeout_s = handshake_timeout_s

@@ -70,11 +70,27 @@ NVIDIA_KEYS = (  # NVIDIA's chart keys that reach the plugin DaemonSet (tests/de
     "kubeletPlugin.kubeletPluginsDirectoryPath=/var/lib/k0s/kubelet/plugins",
 )
 
+NVIDIA_CHART_KEYS = (  # NVIDIA's top-level and webhook keys (tests/deploy/test_nvidia_chart_keys.py)
+    "selectorLabelsOverride.app=gpu-driver",
+    "serviceAccount.name=gpu",
+    "serviceAccount.annotations.example\\.com/role=gpu",
+    "webhook.serviceAccount.annotations.example\\.com/role=webhook",
+    "webhook.servicePort=9443",
+    "webhook.containerPort=443",  # below 1024: the pod gets the ip_unprivileged_port_start sysctl
+    "webhook.priorityClassName=system-cluster-critical",
+    "webhook.strategy.type=Recreate",
+    "webhook.podSecurityContext.fsGroup=2000",
+    "webhook.containers.webhook.securityContext.privileged=false",
+    "webhook.containers.webhook.resources.limits.memory=300Mi",
+    "webhook.networkPolicy.enabled=true",
+    "featureGates.MPSSupport=false",
+)
+
 
 @pytest.mark.parametrize(
     "sets",
-    [(), ("hardware=dgx-h100", "webhook.tls.mode=helm"), NVIDIA_KEYS],
-    ids=["default", "simulated", "nvidia-keys"],
+    [(), ("hardware=dgx-h100", "webhook.tls.mode=helm"), NVIDIA_KEYS, NVIDIA_CHART_KEYS],
+    ids=["default", "simulated", "nvidia-keys", "nvidia-chart-keys"],
 )
 def test_api_server_accepts_every_rendered_object(
     kube_apiserver: Any, namespace: str, sets: tuple[str, ...]

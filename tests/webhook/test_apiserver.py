@@ -103,7 +103,7 @@ def wired(kube_apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
         }
     )
     try:
-        yield {"api": api, "namespace": namespace, "label": label}
+        yield {"api": api, "namespace": namespace, "label": label, "server": server}
     finally:
         admission.delete_validating_webhook_configuration(config_name)
         core.delete_namespace(namespace)
@@ -169,3 +169,37 @@ def test_bad_device_class_is_refused_by_the_apiserver(wired: dict[str, Any]) -> 
     good = {**bad, "spec": {"config": _opaque("Short")}}
     resource.create_device_class(good)
     resource.delete_device_class(name)
+
+
+def test_a_strategy_whose_gate_is_off_is_refused_by_the_apiserver(wired: dict[str, Any]) -> None:
+    """The webhook as `--feature-gates MPSSupport=false` makes it (the chart passes the plugin's gates): an
+    MPS config is refused at `kubectl apply` with the plugin's message, a TimeSlicing one still passes."""
+    from kubernetes import client
+
+    from dra_gpu.cli.feature_gates import parse_feature_gates, refused_sharing_strategies
+
+    server: WebhookServer = wired["server"]
+    resource: Any = client.ResourceV1Api(wired["api"])
+    ns = wired["namespace"]
+    mps = _devices("Long")
+    mps["config"][0]["opaque"]["parameters"]["sharing"] = {"strategy": "MPS"}
+    claim = {"metadata": {"name": "mps"}, "spec": {"devices": mps}}
+    server.refused_strategies = refused_sharing_strategies(parse_feature_gates("MPSSupport=false"))
+    try:
+        body = _create_until_denied(
+            lambda: resource.create_namespaced_resource_claim(ns, claim),
+            lambda: resource.delete_namespaced_resource_claim("mps", ns),
+        )
+        assert (
+            f"ResourceClaim {ns}/mps" in body
+            and "spec.devices.config[0].opaque.parameters.sharing.strategy" in body
+        )
+        assert (
+            "'MPS' is selected as the GPU sharing strategy, but the 'MPSSupport' feature gate is not enabled"
+            in body
+        )
+        time_sliced = {"metadata": {"name": "ts"}, "spec": {"devices": _devices("Long")}}
+        resource.create_namespaced_resource_claim(ns, time_sliced)
+        resource.delete_namespaced_resource_claim("ts", ns)
+    finally:
+        server.refused_strategies = {}
