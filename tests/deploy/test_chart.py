@@ -69,11 +69,23 @@ def _run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
+def _render_chart(helm: str, *args: str, namespace: str = NAMESPACE) -> subprocess.CompletedProcess[str]:
+    """`helm template` of the chart as release dra-gpu in `namespace`, with extra helm arguments."""
+    return _run_helm(
+        helm,
+        "template",
+        "dra-gpu",
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--kube-version",
+        KUBE_VERSION,
+        *args,
+    )
+
+
 def _template(helm: str, *sets: str) -> list[dict[str, Any]]:
-    args = ["template", "dra-gpu", str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION]
-    for s in sets:
-        args += ["--set", s]
-    out = _run_helm(helm, *args)
+    out = _render_chart(helm, *(arg for s in sets for arg in ("--set", s)))
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 

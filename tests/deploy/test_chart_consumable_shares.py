@@ -8,21 +8,11 @@ import json
 import pytest
 import yaml
 
-from .test_chart import CHART, KUBE_VERSION, NAMESPACE, _run_helm, helm  # noqa: F401  (helm: fixture)
+from .test_chart import CHART, KUBE_VERSION, NAMESPACE, _render_chart, _run_helm, helm  # noqa: F401  (helm: fixture)
 
 
 def _plugin_env(helm: str, *args: str) -> dict[str, str | None]:  # noqa: F811
-    out = _run_helm(
-        helm,
-        "template",
-        "dra-gpu",
-        str(CHART),
-        "--namespace",
-        NAMESPACE,
-        "--kube-version",
-        KUBE_VERSION,
-        *args,
-    )
+    out = _render_chart(helm, *args)
     assert out.returncode == 0, out.stderr
     daemonset = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "DaemonSet")
     return {e["name"]: e.get("value") for e in daemonset["spec"]["template"]["spec"]["containers"][0]["env"]}

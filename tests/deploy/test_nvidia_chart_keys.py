@@ -13,24 +13,14 @@ import yaml
 
 from dra_gpu.cli.feature_gates import parse_feature_gates, refused_sharing_strategies
 
-from .test_chart import CHART, KUBE_VERSION, NAMESPACE, _run_helm, helm  # noqa: F401  (helm: fixture)
+from .test_chart import CHART, KUBE_VERSION, NAMESPACE, _render_chart, _run_helm, helm  # noqa: F401  (helm: fixture)
 from .test_nvidia_values import NVIDIA_VALUES, WITHOUT_COMPUTE_DOMAINS
 
 CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n").decode()
 
 
 def _render(helm: str, *args: str, namespace: str = NAMESPACE) -> subprocess.CompletedProcess[str]:  # noqa: F811
-    return _run_helm(
-        helm,
-        "template",
-        "dra-gpu",
-        str(CHART),
-        "--namespace",
-        namespace,
-        "--kube-version",
-        KUBE_VERSION,
-        *args,
-    )
+    return _render_chart(helm, *args, namespace=namespace)
 
 
 def _docs(helm: str, *args: str, namespace: str = NAMESPACE) -> list[dict[str, Any]]:  # noqa: F811

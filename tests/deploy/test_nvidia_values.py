@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from .manifest_walk import REPO
-from .test_chart import CHART, KUBE_VERSION, NAMESPACE, _run_helm, helm  # noqa: F401  (helm: fixture)
+from .test_chart import CHART, KUBE_VERSION, NAMESPACE, _render_chart, _run_helm, helm  # noqa: F401  (helm: fixture)
 
 NVIDIA_VALUES = Path(__file__).parent / "data" / "nvidia-values.yaml"
 # NVIDIA's values.yaml turns its ComputeDomain components on, which dra-gpu refuses with a message (below).
@@ -155,17 +155,7 @@ def test_repo_docs_mention_nvidia_values() -> None:
 
 
 def _render(helm: str, *args: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
-    return _run_helm(
-        helm,
-        "template",
-        "dra-gpu",
-        str(CHART),
-        "--namespace",
-        NAMESPACE,
-        "--kube-version",
-        KUBE_VERSION,
-        *args,
-    )
+    return _render_chart(helm, *args)
 
 
 def _plugin(helm: str, *args: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:  # noqa: F811
