@@ -9,7 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -69,12 +69,14 @@ def _run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
-def _render_chart(helm: str, *args: str, namespace: str = NAMESPACE) -> subprocess.CompletedProcess[str]:
-    """`helm template` of the chart as release dra-gpu in `namespace`, with extra helm arguments."""
+def _render_chart(
+    helm: str, *args: str, namespace: str = NAMESPACE, release: str = "dra-gpu"
+) -> subprocess.CompletedProcess[str]:
+    """`helm template` of the chart as `release` in `namespace`, with extra helm arguments."""
     return _run_helm(
         helm,
         "template",
-        "dra-gpu",
+        release,
         str(CHART),
         "--namespace",
         namespace,
@@ -84,10 +86,22 @@ def _render_chart(helm: str, *args: str, namespace: str = NAMESPACE) -> subproce
     )
 
 
-def _template(helm: str, *sets: str) -> list[dict[str, Any]]:
-    out = _render_chart(helm, *(arg for s in sets for arg in ("--set", s)))
+def _rendered_docs(
+    helm: str, *args: str, namespace: str = NAMESPACE, release: str = "dra-gpu"
+) -> list[dict[str, Any]]:
+    """The documents `_render_chart` renders (it must succeed)."""
+    out = _render_chart(helm, *args, namespace=namespace, release=release)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _set_args(sets: Iterable[str]) -> list[str]:
+    """`--set` before each of `sets`."""
+    return [arg for s in sets for arg in ("--set", s)]
+
+
+def _template(helm: str, *sets: str) -> list[dict[str, Any]]:
+    return _rendered_docs(helm, *_set_args(sets))
 
 
 def _one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:

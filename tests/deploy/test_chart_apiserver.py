@@ -19,9 +19,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import yaml
 
-from .test_chart import CHART, KUBE_VERSION, _helm, _run_helm
+from .test_chart import _helm, _rendered_docs, _set_args
 
 pytestmark = pytest.mark.apiserver
 
@@ -32,12 +31,7 @@ def _render(release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
     helm = _helm()
     if helm is None:
         pytest.skip("no helm binary: e2e/cluster/build.sh helm could not build one")
-    args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
-    for s in sets:
-        args += ["--set", s]
-    out = _run_helm(helm, *args)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    return _rendered_docs(helm, *_set_args(sets), namespace=namespace, release=release)
 
 
 @pytest.fixture

@@ -5,28 +5,16 @@ with a message that names the key and the fix. The DaemonSet's keys are in test_
 from __future__ import annotations
 
 import base64
-import subprocess
 from typing import Any
 
 import pytest
-import yaml
 
 from dra_gpu.cli.feature_gates import parse_feature_gates, refused_sharing_strategies
 
-from .test_chart import CHART, KUBE_VERSION, NAMESPACE, _render_chart, _run_helm, helm  # noqa: F401  (helm: fixture)
+from .test_chart import NAMESPACE, _render_chart, _rendered_docs, _template, helm  # noqa: F401  (helm: fixture)
 from .test_nvidia_values import NVIDIA_VALUES, WITHOUT_COMPUTE_DOMAINS
 
 CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n").decode()
-
-
-def _render(helm: str, *args: str, namespace: str = NAMESPACE) -> subprocess.CompletedProcess[str]:  # noqa: F811
-    return _render_chart(helm, *args, namespace=namespace)
-
-
-def _docs(helm: str, *args: str, namespace: str = NAMESPACE) -> list[dict[str, Any]]:  # noqa: F811
-    out = _render(helm, *args, namespace=namespace)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 def _one(docs: list[dict[str, Any]], kind: str, component: str | None = None) -> dict[str, Any]:
@@ -44,7 +32,7 @@ def _one(docs: list[dict[str, Any]], kind: str, component: str | None = None) ->
 
 
 def _refused(helm: str, message: str, *args: str, namespace: str = NAMESPACE) -> None:  # noqa: F811
-    out = _render(helm, *args, namespace=namespace)
+    out = _render_chart(helm, *args, namespace=namespace)
     assert out.returncode != 0 and message in out.stderr, out.stderr
 
 
@@ -57,7 +45,7 @@ def _webhook_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_namespace_override_moves_every_namespaced_object(helm: str) -> None:  # noqa: F811
-    docs = _docs(helm, "--set", "namespaceOverride=gpu-system")
+    docs = _template(helm, "namespaceOverride=gpu-system")
     namespaced = [d for d in docs if "namespace" in d["metadata"]]
     assert namespaced and {d["metadata"]["namespace"] for d in namespaced} == {"gpu-system"}
     webhook = _one(docs, "ValidatingWebhookConfiguration")["webhooks"][0]
@@ -68,7 +56,7 @@ def test_namespace_override_moves_every_namespaced_object(helm: str) -> None:  #
         helm, "namespaceOverride", "--set", "namespaceOverride=Not_A_Namespace"
     )  # the schema: a DNS label
     # The same setting as `namespace`: both may be given only when they agree.
-    assert _docs(helm, "--set", "namespaceOverride=gpu-system", "--set", "namespace=gpu-system")
+    assert _template(helm, "namespaceOverride=gpu-system", "namespace=gpu-system")
     _refused(
         helm,
         "namespace=a and NVIDIA's namespaceOverride=b differ",
@@ -83,17 +71,17 @@ def test_default_namespace_is_refused_unless_allowed(helm: str) -> None:  # noqa
     _refused(helm, "the release namespace is 'default'", namespace="default")
     _refused(helm, "set allowDefaultNamespace=true", namespace="default")
     for allowed in ("allowDefaultNamespace=true", "namespaceOverride=default", "namespace=default"):
-        docs = _docs(helm, "--set", allowed, namespace="default")
+        docs = _rendered_docs(helm, "--set", allowed, namespace="default")
         assert _one(docs, "DaemonSet")["metadata"]["namespace"] == "default", allowed
     # Another release namespace needs nothing, and a named namespace other than 'default' is not refused.
-    assert _docs(helm, "--set", "namespaceOverride=gpu-system", namespace="default")
+    assert _rendered_docs(helm, "--set", "namespaceOverride=gpu-system", namespace="default")
 
 
 # ------------------------------------------------------------------------------------- selector labels
 
 
 def test_selector_labels_override_replaces_name_and_instance(helm: str) -> None:  # noqa: F811
-    docs = _docs(helm, "--set-json", 'selectorLabelsOverride={"app":"gpu-driver","tier":"infra"}')
+    docs = _rendered_docs(helm, "--set-json", 'selectorLabelsOverride={"app":"gpu-driver","tier":"infra"}')
     override = {"app": "gpu-driver", "tier": "infra"}
     for kind, component in (("DaemonSet", "kubelet-plugin"), ("Deployment", "webhook")):
         workload = _one(docs, kind)
@@ -108,7 +96,7 @@ def test_selector_labels_override_replaces_name_and_instance(helm: str) -> None:
     ]
     assert anti[0]["podAffinityTerm"]["labelSelector"]["matchLabels"] == webhook_selector
     # Without it: our own selector labels (the default render is unchanged).
-    default = _one(_docs(helm), "DaemonSet")["spec"]["selector"]["matchLabels"]
+    default = _one(_rendered_docs(helm), "DaemonSet")["spec"]["selector"]["matchLabels"]
     assert default == {
         "app.kubernetes.io/name": "dra-gpu",
         "app.kubernetes.io/instance": "dra-gpu",
@@ -117,13 +105,10 @@ def test_selector_labels_override_replaces_name_and_instance(helm: str) -> None:
 
 
 def test_selector_labels_override_reaches_the_network_policies(helm: str) -> None:  # noqa: F811
-    docs = _docs(
+    docs = _template(
         helm,
-        "--set",
         "selectorLabelsOverride.app=gpu-driver",
-        "--set",
         "webhook.networkPolicy.enabled=true",
-        "--set",
         "kubeletPlugin.networkPolicy.enabled=true",
     )
     selectors = [d["spec"]["podSelector"]["matchLabels"] for d in docs if d["kind"] == "NetworkPolicy"]
@@ -144,9 +129,9 @@ def test_selector_labels_override_cannot_take_the_component_label(helm: str) -> 
 
 
 def test_resource_api_version_sets_the_device_classes_version(helm: str) -> None:  # noqa: F811
-    default = {d["apiVersion"] for d in _docs(helm) if d["kind"] == "DeviceClass"}
+    default = {d["apiVersion"] for d in _rendered_docs(helm) if d["kind"] == "DeviceClass"}
     assert default == {"resource.k8s.io/v1"}
-    docs = _docs(helm, "--set", "resourceApiVersion=resource.k8s.io/v1beta1")
+    docs = _template(helm, "resourceApiVersion=resource.k8s.io/v1beta1")
     classes = [d for d in docs if d["kind"] == "DeviceClass"]
     assert len(classes) == 3 and {d["apiVersion"] for d in classes} == {"resource.k8s.io/v1beta1"}
     _refused(helm, "resourceApiVersion", "--set", "resourceApiVersion=resource.k8s.io/v2")
@@ -172,10 +157,10 @@ def _plugin_accounts_created(docs: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def test_nvidia_service_account_create_false_creates_none(helm: str) -> None:  # noqa: F811
-    docs = _docs(helm, "--set", "serviceAccount.create=false")
+    docs = _template(helm, "serviceAccount.create=false")
     assert _plugin_accounts_created(docs) == []
     assert _plugin_account(docs) == "default-kubeletplugin"  # NVIDIA's name without a name given
-    docs = _docs(helm, "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=gpu")
+    docs = _template(helm, "serviceAccount.create=false", "serviceAccount.name=gpu")
     assert _plugin_accounts_created(docs) == [] and _plugin_account(docs) == "gpu-kubeletplugin"
     # The admission policies name the account the pods use.
     policy = next(
@@ -185,37 +170,31 @@ def test_nvidia_service_account_create_false_creates_none(helm: str) -> None:  #
 
 
 def test_nvidia_service_account_name_and_annotations(helm: str) -> None:  # noqa: F811
-    docs = _docs(
-        helm,
-        "--set",
-        "serviceAccount.name=gpu",
-        "--set",
-        "serviceAccount.annotations.iam\\.example\\.com/role=gpu-driver",
+    docs = _template(
+        helm, "serviceAccount.name=gpu", "serviceAccount.annotations.iam\\.example\\.com/role=gpu-driver"
     )
     (account,) = _plugin_accounts_created(docs)
     assert account["metadata"]["name"] == "gpu-kubeletplugin" == _plugin_account(docs)
     assert account["metadata"]["annotations"] == {"iam.example.com/role": "gpu-driver"}
     # dra-gpu's own key wins over NVIDIA's name.
-    docs = _docs(helm, "--set", "serviceAccount.name=gpu", "--set", "kubeletPlugin.serviceAccount.name=mine")
+    docs = _template(helm, "serviceAccount.name=gpu", "kubeletPlugin.serviceAccount.name=mine")
     assert _plugin_account(docs) == "mine"
     # Defaults: our account, no annotations.
-    (account,) = _plugin_accounts_created(_docs(helm))
+    (account,) = _plugin_accounts_created(_rendered_docs(helm))
     assert (
         account["metadata"]["name"] == "dra-gpu-kubelet-plugin" and "annotations" not in account["metadata"]
     )
 
 
 def test_webhook_service_account_annotations_and_no_account(helm: str) -> None:  # noqa: F811
-    docs = _docs(helm, "--set", "webhook.serviceAccount.annotations.a=b")
+    docs = _template(helm, "webhook.serviceAccount.annotations.a=b")
     account = _one(docs, "ServiceAccount", "webhook")
     assert account["metadata"]["annotations"] == {"a": "b"}
     # create false without a name: the namespace's default account, as NVIDIA's chart.
-    docs = _docs(helm, "--set", "webhook.serviceAccount.create=false")
+    docs = _template(helm, "webhook.serviceAccount.create=false")
     assert not [d for d in docs if d["kind"] == "ServiceAccount" and "webhook" in d["metadata"]["name"]]
     assert _webhook_pod(docs)["serviceAccountName"] == "default"
-    docs = _docs(
-        helm, "--set", "webhook.serviceAccount.create=false", "--set", "webhook.serviceAccount.name=mine"
-    )
+    docs = _template(helm, "webhook.serviceAccount.create=false", "webhook.serviceAccount.name=mine")
     assert _webhook_pod(docs)["serviceAccountName"] == "mine"
 
 
@@ -223,14 +202,8 @@ def test_webhook_service_account_annotations_and_no_account(helm: str) -> None: 
 
 
 def test_webhook_ports(helm: str) -> None:  # noqa: F811
-    docs = _docs(
-        helm,
-        "--set",
-        "webhook.servicePort=9443",
-        "--set",
-        "webhook.containerPort=10250",
-        "--set",
-        "webhook.networkPolicy.enabled=true",
+    docs = _template(
+        helm, "webhook.servicePort=9443", "webhook.containerPort=10250", "webhook.networkPolicy.enabled=true"
     )
     assert _one(docs, "Service")["spec"]["ports"] == [
         {"name": "https", "port": 9443, "targetPort": "https", "protocol": "TCP"}
@@ -245,20 +218,20 @@ def test_webhook_ports(helm: str) -> None:  # noqa: F811
     policy = _one(docs, "NetworkPolicy", "webhook")
     assert policy["spec"]["ingress"][0]["ports"] == [{"port": 10250, "protocol": "TCP"}]
     # Defaults: Service 443, container webhook.port.
-    docs = _docs(helm)
+    docs = _rendered_docs(helm)
     assert _one(docs, "Service")["spec"]["ports"][0]["port"] == 443
     assert "--port=8443" in _webhook_pod(docs)["containers"][0]["args"]
 
 
 def test_a_privileged_container_port_is_made_bindable_for_the_non_root_webhook(helm: str) -> None:  # noqa: F811
-    pod = _webhook_pod(_docs(helm, "--set", "webhook.containerPort=443"))
+    pod = _webhook_pod(_template(helm, "webhook.containerPort=443"))
     assert pod["securityContext"]["sysctls"] == [
         {"name": "net.ipv4.ip_unprivileged_port_start", "value": "443"}
     ]
     assert pod["securityContext"]["runAsNonRoot"] is True
     # A user's own value for that sysctl is kept as given.
     pod = _webhook_pod(
-        _docs(
+        _rendered_docs(
             helm,
             "--set",
             "webhook.containerPort=443",
@@ -272,7 +245,7 @@ def test_a_privileged_container_port_is_made_bindable_for_the_non_root_webhook(h
 
 
 def test_webhook_priority_strategy_and_pod_security_context(helm: str) -> None:  # noqa: F811
-    docs = _docs(
+    docs = _rendered_docs(
         helm,
         "--set",
         "webhook.priorityClassName=system-cluster-critical",
@@ -295,14 +268,14 @@ def test_webhook_priority_strategy_and_pod_security_context(helm: str) -> None: 
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
-    default = _one(_docs(helm), "Deployment")
+    default = _one(_rendered_docs(helm), "Deployment")
     assert (
         "strategy" not in default["spec"] and "priorityClassName" not in default["spec"]["template"]["spec"]
     )
 
 
 def test_webhook_container_values(helm: str) -> None:  # noqa: F811
-    docs = _docs(
+    docs = _rendered_docs(
         helm,
         "--set",
         "webhook.containers.webhook.resources.limits.memory=1Gi",
@@ -323,7 +296,7 @@ def test_webhook_container_values(helm: str) -> None:  # noqa: F811
     }
     assert {"name": "EXTRA", "value": "1"} in container["env"]
     # NVIDIA's empty resources (its default) leave ours.
-    container = _webhook_pod(_docs(helm, "--set-json", "webhook.containers.webhook.resources={}"))[
+    container = _webhook_pod(_rendered_docs(helm, "--set-json", "webhook.containers.webhook.resources={}"))[
         "containers"
     ][0]
     assert container["resources"]["requests"] == {"cpu": "10m", "memory": "64Mi"}
@@ -334,14 +307,8 @@ def test_webhook_container_values(helm: str) -> None:  # noqa: F811
 
 
 def test_nvidia_tls_secret_keys(helm: str) -> None:  # noqa: F811
-    docs = _docs(
-        helm,
-        "--set",
-        "webhook.tls.mode=secret",
-        "--set",
-        "webhook.tls.secret.name=my-tls",
-        "--set",
-        f"webhook.tls.secret.caBundle={CA}",
+    docs = _template(
+        helm, "webhook.tls.mode=secret", "webhook.tls.secret.name=my-tls", f"webhook.tls.secret.caBundle={CA}"
     )
     volumes = {v["name"]: v for v in _webhook_pod(docs)["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == "my-tls"
@@ -369,7 +336,7 @@ def test_nvidia_tls_secret_keys(helm: str) -> None:  # noqa: F811
 
 
 def _cert_manager(helm: str, *args: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # noqa: F811
-    docs = _docs(helm, "--set", "webhook.tls.mode=cert-manager", *args)
+    docs = _rendered_docs(helm, "--set", "webhook.tls.mode=cert-manager", *args)
     serving = next(d for d in docs if d["kind"] == "Certificate" and not d["spec"].get("isCA"))
     return docs, serving
 
@@ -447,7 +414,7 @@ def test_alt_proc_devices_is_refused_when_set(helm: str) -> None:  # noqa: F811
         "altProcDevices=/var/lib/nvml-mock/proc-devices",
     )
     _refused(helm, "hardware=dgx-h100", "--set", "altProcDevices=/x")
-    assert _docs(helm, "--set-json", 'altProcDevices=""')  # NVIDIA's default
+    assert _rendered_docs(helm, "--set-json", 'altProcDevices=""')  # NVIDIA's default
 
 
 def test_the_webhook_gets_the_plugins_feature_gates(helm: str) -> None:  # noqa: F811
@@ -455,18 +422,20 @@ def test_the_webhook_gets_the_plugins_feature_gates(helm: str) -> None:  # noqa:
         container = _one(docs, kind)["spec"]["template"]["spec"]["containers"][0]
         return {e["name"]: e.get("value") for e in container.get("env", [])}
 
-    assert "FEATURE_GATES" not in env(_docs(helm), "Deployment")
-    docs = _docs(helm, "--set-json", 'featureGates={"MPSSupport":false,"TimeSlicingSettings":true}')
+    assert "FEATURE_GATES" not in env(_rendered_docs(helm), "Deployment")
+    docs = _rendered_docs(helm, "--set-json", 'featureGates={"MPSSupport":false,"TimeSlicingSettings":true}')
     gates = env(docs, "Deployment")["FEATURE_GATES"]
     assert gates == env(docs, "DaemonSet")["FEATURE_GATES"] == "MPSSupport=false,TimeSlicingSettings=true,"
     # The webhook's parser reads the chart's rendering, and refuses MPS configs with it.
     assert set(refused_sharing_strategies(parse_feature_gates(gates))) == {"MPS"}
 
 
-def test_nvidias_values_with_its_webhook_on_render(helm: str) -> None:  # noqa: F811
+def test_nvidias_values_with_its_webhook_on_render_chart(helm: str) -> None:  # noqa: F811
     """NVIDIA's values.yaml with webhook.enabled=true (its cert-manager, selfsigned, ports 443, priority and
     strategy) renders, and each of those webhook values shows in the objects."""
-    docs = _docs(helm, "-f", str(NVIDIA_VALUES), *WITHOUT_COMPUTE_DOMAINS, "--set", "webhook.enabled=true")
+    docs = _rendered_docs(
+        helm, "-f", str(NVIDIA_VALUES), *WITHOUT_COMPUTE_DOMAINS, "--set", "webhook.enabled=true"
+    )
     deployment = _one(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"

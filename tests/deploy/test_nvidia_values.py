@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -154,13 +153,9 @@ def test_repo_docs_mention_nvidia_values() -> None:
 # ------------------------------------------ NVIDIA's DaemonSet keys: each works, or is refused with a message
 
 
-def _render(helm: str, *args: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
-    return _render_chart(helm, *args)
-
-
 def _plugin(helm: str, *args: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:  # noqa: F811
     """(DaemonSet, its pod spec, the plugin container's env by name) rendered with `args`."""
-    out = _render(helm, *args)
+    out = _render_chart(helm, *args)
     assert out.returncode == 0, out.stderr
     daemonset = next(d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -225,7 +220,7 @@ def test_nvidia_keys_that_cannot_work_are_refused_with_a_message(
     args: list[str],
     message: str,
 ) -> None:
-    out = _render(helm, *args)
+    out = _render_chart(helm, *args)
     assert out.returncode != 0 and message in out.stderr, out.stderr
 
 
@@ -305,7 +300,7 @@ def test_pod_values_and_network_policy(helm: str) -> None:  # noqa: F811
     assert pod["securityContext"] == {"fsGroup": 0}
     assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
     assert (env["KUBE_API_QPS"], env["KUBE_API_BURST"]) == ("50", "100")
-    out = _render(helm, "--set", "kubeletPlugin.networkPolicy.enabled=true")
+    out = _render_chart(helm, "--set", "kubeletPlugin.networkPolicy.enabled=true")
     assert out.returncode == 0, out.stderr
     (policy,) = [
         d
