@@ -138,6 +138,18 @@ class NvmlHardware:
                 f"{what}: {function} failed: {self._describe(err)}", nvml_code=self._code(err)
             ) from err
 
+    def _call_if_offered(self, what: str, function: str, *args: Any) -> Any | None:
+        """`_call`, but None where the GPU does not offer what is asked for (a MIG profile it lacks:
+        NOT_SUPPORTED or INVALID_ARGUMENT)."""
+        try:
+            return getattr(self._nvml, function)(*args)
+        except self._nvml.NVMLError as err:
+            if self._is(err, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT"):
+                return None
+            raise HardwareError(
+                f"{what}: {function} failed: {self._describe(err)}", nvml_code=self._code(err)
+            ) from err
+
     def _handle(self, gpu_uuid: str) -> Any:
         self._ensure_init()
         return self._call(f"GPU {gpu_uuid}", "nvmlDeviceGetHandleByUUID", gpu_uuid)
@@ -294,14 +306,11 @@ class NvmlHardware:
             return cached
         found: list[MigProfileInfo] = []
         for enum in range(int(self._nvml.NVML_GPU_INSTANCE_PROFILE_COUNT)):
-            try:
-                info = self._nvml.nvmlDeviceGetGpuInstanceProfileInfo(h, enum)
-            except self._nvml.NVMLError as err:
-                if self._is(err, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT"):
-                    continue
-                raise HardwareError(
-                    f"{what}: nvmlDeviceGetGpuInstanceProfileInfo({enum}) failed: {self._describe(err)}"
-                ) from err
+            info = self._call_if_offered(
+                f"{what} (GPU-instance profile {enum})", "nvmlDeviceGetGpuInstanceProfileInfo", h, enum
+            )
+            if info is None:
+                continue
             placements = self._placements(what, h, int(info.id))
             size = placements[0].size if placements else int(info.sliceCount)
             found.append(
@@ -513,16 +522,13 @@ class NvmlHardware:
         function = "nvmlGpuInstanceGetComputeInstanceProfileInfo"
         shared = self._nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
         if slices == 1:
-            try:
-                rev1 = getattr(self._nvml, function)(gi, _CI_PROFILE_1_SLICE_REV1, shared)
-            except self._nvml.NVMLError as err:
-                if not self._is(err, "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_INVALID_ARGUMENT"):
-                    raise HardwareError(
-                        f"{where}: {function} failed: {self._describe(err)}", nvml_code=self._code(err)
-                    ) from err
-            else:
-                if int(rev1.sliceCount) == 1 and int(rev1.multiprocessorCount) == multiprocessors:
-                    return rev1
+            rev1 = self._call_if_offered(where, function, gi, _CI_PROFILE_1_SLICE_REV1, shared)
+            if (
+                rev1 is not None
+                and int(rev1.sliceCount) == 1
+                and int(rev1.multiprocessorCount) == multiprocessors
+            ):
+                return rev1
         return self._call(where, function, gi, ci_enum, shared)
 
     def destroy_mig_device(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None:
