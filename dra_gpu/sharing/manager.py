@@ -46,6 +46,7 @@ from dra_gpu.gpu_locks import GpuLocks
 from dra_gpu.hardware.interface import GpuHardware, HardwareError
 from dra_gpu.hardware.types import ComputeMode, DiscoveryResult, GpuInfo, MigInstance
 from dra_gpu.inventory.model import DeviceKind
+from dra_gpu.sharing.injected_bugs import injected
 from dra_gpu.sharing.interface import AllocatedDevice, CdiEdits, CdiMount, GroupResult, SharingError
 from dra_gpu.sharing.mig_lifecycle import MigLifecycle, instance_from_json, instance_json
 from dra_gpu.sharing.mps import DaemonSpec, MpsDaemons, client_edits, saved_record
@@ -312,9 +313,11 @@ class HardwareSharingManager:
             "ownDaemon": False,
         }
         # What this join made before it failed is undone here: the registry is saved only when the block
-        # ends, so `_undo` would find neither a server it started nor the claim's /dev/shm.
+        # ends, so `_undo` would find neither a server it started, nor the claim's /dev/shm, nor the caps
+        # it raised (a tenant connecting after the failure would keep them: issue 36).
         started: dict[str, Any] | None = None
         mounted: Path | None = None
+        raised: tuple[dict[str, Any], tuple[int, int]] | None = None  # the server, and its caps before
         try:
             with self._registry.update() as data:
                 entry = data["sharedMps"].get(share.gpu_uuid)
@@ -351,17 +354,25 @@ class HardwareSharingManager:
                 entry["clients"].update({key: {**mine, "shmDir": str(shm)} for key in clients})
                 self._faults("shares-client-added")
                 record = entry["daemon"]
+                before = share_caps(
+                    {k: v for k, v in entry["clients"].items() if k not in clients},
+                    gpu_memory or share.memory_bytes,
+                )
                 thread, memory = share_caps(entry["clients"], gpu_memory or share.memory_bytes)
                 if (thread, format_mib(memory)) != (
                     record.get("threadPercentage"),
                     record.get("pinnedLimits", {}).get(share.gpu_uuid),
                 ):
+                    if started is None:
+                        raised = (record, before)
                     self._mps.set_limits(record, thread, {share.gpu_uuid: memory})
         except BaseException:
             if mounted is not None:
                 _remove_claim_shm(mounted.parent)
             if started is not None:
                 self._mps.stop(started, on_gpu_gone=self._restore_later)
+            elif raised is not None:
+                self._lower_caps(share.gpu_uuid, *raised)
             raise
         return client_edits(
             record,
@@ -448,15 +459,24 @@ class HardwareSharingManager:
                 del data["sharedMps"][gpu_uuid]
             return problems
 
+    def _lower_caps(self, gpu_uuid: str, record: dict[str, Any], caps: tuple[int, int]) -> None:
+        """A join that raised its server's caps failed: put back the caps of the shares that were there
+        before, on the daemon and its running servers. When that fails too, the reconcile pass fits them to
+        the registry's shares before it holds any server to a record (`reconcile_mps`)."""
+        thread, memory = caps
+        try:
+            self._mps.record_limits(record, thread, {gpu_uuid: memory})
+            self._mps.apply_limits(record)
+        except (SharingError, OSError) as err:
+            log.warning("caps of a failed join not lowered yet", gpu=gpu_uuid, error=str(err))
+
     def _fit_caps(self, gpu_uuid: str, entry: dict[str, Any]) -> list[str]:
         """Hold a shares server to the largest share it serves: grown when a larger one joins, shrunk when
         one leaves (a departed share's caps must go). Problems are logged; the next reconcile pass retries."""
         record = entry["daemon"]
-        if not entry.get("daemon", {}).get("sharesServer"):
+        if not record.get("sharesServer"):
             return []  # a per-GPU daemon from before the shares server: its limits are its only client's
-        gpus = self._gpu_facts()
-        memory_bytes = gpus[gpu_uuid].memory_bytes if gpu_uuid in gpus else 0
-        thread, memory = share_caps(entry["clients"], memory_bytes)
+        thread, memory = self._caps_for(gpu_uuid, entry)
         if (thread, format_mib(memory)) == (
             record.get("threadPercentage"),
             record["pinnedLimits"].get(gpu_uuid),
@@ -464,9 +484,20 @@ class HardwareSharingManager:
             return []
         try:
             self._mps.set_limits(record, thread, {gpu_uuid: memory})
-        except SharingError as err:  # the record holds the new caps: the reconcile pass sets them
+        except SharingError as err:  # the registry holds the shares: the reconcile pass sets the caps
             log.warning("shares server caps not set yet", gpu=gpu_uuid, error=str(err))
         return []
+
+    def _caps_for(self, gpu_uuid: str, entry: Mapping[str, Any]) -> tuple[int, int]:
+        """The caps a GPU's shares server must hold: the largest of the shares the registry names."""
+        gpus = self._gpu_facts()
+        memory_bytes = gpus[gpu_uuid].memory_bytes if gpu_uuid in gpus else 0
+        thread, memory = share_caps(entry["clients"], memory_bytes)
+        if injected("caps-never-shrink"):  # test-only: the soak's shrinking is tested on this bug
+            held = entry["daemon"]
+            thread = max(thread, int(held.get("threadPercentage") or 0))
+            memory = max(memory, int(str(held["pinnedLimits"].get(gpu_uuid, "0M")).rstrip("M")) * MIB)
+        return thread, memory
 
     def _restore_later(self, gpu_uuid: str, mode: int) -> None:
         """A compute mode to put back when the GPU returns (it fell off the bus during unprepare)."""
@@ -585,11 +616,15 @@ class HardwareSharingManager:
             with self._locks.gpus([gpu_uuid]), self._registry.update() as data:
                 entry = data["sharedMps"].get(gpu_uuid)
                 if entry is not None and entry["clients"]:
-                    self._reconcile_one(entry["daemon"], report)
-                    entry["daemon"] = self._mps.latest(entry["daemon"])
-                    # the caps follow the clients the registry holds (a join or leave killed between
-                    # saving new caps and saving the registry leaves them apart)
-                    self._fit_caps(gpu_uuid, entry)
+                    # The caps follow the shares the registry holds, and are fitted BEFORE anything holds
+                    # the daemon to its record: a join that failed (or was killed) after saving larger caps
+                    # beside the daemon must not have them sent to a server (issue 36).
+                    record = self._mps.latest(entry["daemon"])
+                    if record.get("sharesServer"):
+                        thread, memory = self._caps_for(gpu_uuid, entry)
+                        self._mps.record_limits(record, thread, {gpu_uuid: memory})
+                    self._reconcile_one(record, report)
+                    entry["daemon"] = self._mps.latest(record)
         if not self._node_work_pending():
             return report
         with self._locks.node():  # rare (a GPU came back): the whole node at once

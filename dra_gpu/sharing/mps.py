@@ -530,12 +530,29 @@ class MpsDaemons:
         self, record: dict[str, Any], thread_percentage: int | None, pinned_limits: Mapping[str, int]
     ) -> None:
         """Change a running daemon's limits: its defaults (the next server) and every server it runs now.
-        The record (and its copy beside the daemon) is updated first: the reconcile pass holds the daemon to
-        it, so a crash in between is repaired there."""
-        record["threadPercentage"] = thread_percentage
-        record["pinnedLimits"] = {u: format_mib(v) for u, v in sorted(pinned_limits.items())}
-        _save_record(record)
+        The record (and its copy beside the daemon) is updated first, so that a daemon restarted after a
+        crash in between gets them. For a shares server the record is not what the reconcile pass holds it
+        to: the registry's shares are (manager.py), so caps saved here for a join that then fails never
+        reach a server."""
+        self.record_limits(record, thread_percentage, pinned_limits)
         self._faults("mps-limits-recorded")
+        self.apply_limits(record)
+
+    def record_limits(
+        self, record: dict[str, Any], thread_percentage: int | None, pinned_limits: Mapping[str, int]
+    ) -> bool:
+        """Put these limits in the record and its copy beside the daemon, sending nothing; True when they
+        changed."""
+        pinned = {u: format_mib(v) for u, v in sorted(pinned_limits.items())}
+        if (record.get("threadPercentage"), record.get("pinnedLimits")) == (thread_percentage, pinned):
+            return False
+        record["threadPercentage"] = thread_percentage
+        record["pinnedLimits"] = pinned
+        _save_record(record)
+        return True
+
+    def apply_limits(self, record: Mapping[str, Any]) -> None:
+        """Send the record's limits to the running daemon: its defaults and each server it runs now."""
         servers = self.server_pids(record)
         self.commands(record, limit_commands(record) + server_limit_commands(record, servers))
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 from sim_node import SimNode, pid_alive
 
+from dra_gpu.hardware.sim_tools.mps_control import sms_for_percentage
 from dra_gpu.hardware.types import ComputeMode
 from dra_gpu.sharing.interface import AllocatedDevice, GroupResult, SharingError
 from dra_gpu.sharing.manager import HardwareSharingManager, shared_daemon_id
@@ -263,3 +264,143 @@ def server_of_caps(manager: HardwareSharingManager, node: SimNode) -> tuple[obje
     daemon = manager._mps.latest(manager.describe()["sharedMps"][node.uuid()]["daemon"])
     held = manager._mps.limits_in_force(daemon)
     return held["threadPercentage"], held["pinnedLimits"][node.uuid()]
+
+
+# A tenant that drops its env limits (or raises them) gets its server's caps: what a greedy client gets.
+GREEDY = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=80G"}
+CAP_COMMANDS = (
+    "set_default_active_thread_percentage",
+    "set_active_thread_percentage",
+    "set_default_device_pinned_mem_limit",
+    "set_device_pinned_mem_limit",
+)
+
+
+def caps_sent(node: SimNode, pipe_dir: str) -> list[tuple[str, float]]:
+    """Every cap the daemon was sent, in order: (command, percent or MiB)."""
+    sent: list[tuple[str, float]] = []
+    for entry in node.mps_records()[pipe_dir].get("commands") or ():
+        words = entry["command"].split()
+        if entry["ok"] and words and words[0] in CAP_COMMANDS:
+            value = words[-1]
+            number = float(value[:-1]) * (1024 if value.endswith("G") else 1) if value[-1] in "MG" else value
+            sent.append((words[0], float(number)))
+    return sent
+
+
+@pytest.mark.parametrize(
+    "failure", ["shares-client-added", "mps-limits-recorded", "after-the-caps-were-sent"]
+)
+def test_no_client_gets_more_than_the_largest_share_in_a_failed_join_or_the_reconcile_after_it(
+    node: SimNode, failure: str
+) -> None:
+    """Issue 36: a 25 % / 10Gi share's join fails beside a running 10 % / 1Gi share. A tenant of the small
+    share that drops its env limits connects at every point: at each step of the join and of the reconcile
+    pass after it, and after each control session the plugin ran. While the join is under way the largest
+    share on the GPU is the joining one; once it has failed it is 10 % / 1Gi again, and no client, no server
+    and no default the daemon is sent may exceed that (a client keeps what it got for as long as it stays
+    connected). The plugin used to save the larger caps beside the daemon, and the next pass sent them."""
+    uuid = node.uuid()
+    ceilings = {"joining": (25, 10240), "failed": (10, 1024)}
+    phase = "setup"
+    seen: list[tuple[str, str, dict[str, object]]] = []
+
+    def probe(where: str) -> None:
+        if phase in ceilings:
+            seen.append((phase, where, sim_client(small.edits, node.root, env=GREEDY, uid=NONROOT)))
+
+    failed = False
+
+    def fault(step: str) -> None:
+        nonlocal failed
+        probe(f"step {step}")
+        if phase == "joining" and step == failure and not failed:
+            failed = True
+            raise OSError(f"injected failure at {step}")
+
+    manager = node.manager(faults=fault)
+    (small,) = prepare_shares(node, manager, [("10", "1Gi")])
+    mps = manager._mps
+    commands = mps.commands
+
+    def session(record: object, lines: object, timeout_s: float = 30) -> str:
+        nonlocal failed
+        answer = commands(record, lines, timeout_s)  # type: ignore[arg-type]
+        probe(f"after {list(lines)}")  # type: ignore[call-overload]
+        joined = " ".join(lines)  # type: ignore[arg-type]
+        if phase == "joining" and failure == "after-the-caps-were-sent" and "25" in joined and not failed:
+            failed = True
+            raise SharingError("injected failure after the caps were sent")
+        return answer
+
+    mps.commands = session  # type: ignore[method-assign]
+    holder = start_sim_client(small.edits, node.root, "--hold", "60")  # a server runs, with a client
+    try:
+        pipe_dir = manager.describe()["sharedMps"][uuid]["daemon"]["pipeDir"]
+        deadline = time.monotonic() + 10
+        while not node.mps_records()[pipe_dir].get("servers"):
+            assert time.monotonic() < deadline, "the holding client did not reach the server"
+            time.sleep(0.05)
+        before = len(caps_sent(node, pipe_dir))
+        phase = "joining"
+        with pytest.raises(SharingError):
+            manager.prepare_group("claim-9", None, [share(node, "25", "10Gi", 9)])
+        assert failed, f"the join never reached {failure}"
+        phase = "failed"
+        probe("after the join failed")
+        during_join = caps_sent(node, pipe_dir)[before:]
+        after_join = len(caps_sent(node, pipe_dir))
+        manager.reconcile_mps([small.state])
+        probe("after the reconcile pass")
+        assert all(value <= (25 if "thread" in name else 10240) for name, value in during_join), during_join
+        late = caps_sent(node, pipe_dir)[after_join:]
+        assert all(value <= (10 if "thread" in name else 1024) for name, value in late), late
+        assert [p for p, _, _ in seen].count("failed") >= 2
+        for where_phase, where, view in seen:
+            percent, mib = ceilings[where_phase]
+            assert view.get("mps"), (where, view)
+            assert view["smCount"] <= sms_for_percentage(132, percent), (where_phase, where, view)
+            pinned = int(str(view["pinnedDeviceMemoryLimits"][uuid]).rstrip("M"))
+            assert pinned <= mib, (where_phase, where, view)
+        assert server_of_caps(manager, node) == (10, "1024M")
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.communicate(timeout=30)
+        mps.commands = commands  # type: ignore[method-assign]
+        phase = "done"
+        manager.unprepare_group("claim-0", small.state)
+    assert node.leftovers() == []
+
+
+def test_a_tenant_outside_mps_before_any_server_ran_takes_the_gpu_and_keeps_the_shares_out(
+    node: SimNode,
+) -> None:
+    """What the README says a tenant can do: one that leaves its pipe directory before any share's workload
+    started the GPU's MPS server gets the GPU (EXCLUSIVE_PROCESS admits one process), and until it exits no
+    share's workload starts; once it is gone they do. (Use MIG against such tenants.)"""
+    uuid = node.uuid()
+    manager = node.manager()
+    (result,) = prepare_shares(node, manager, [("25", "10Gi")])
+    bare = start_sim_client(
+        result.edits,
+        node.root,
+        "--gpu",
+        uuid,
+        "--hold",
+        "30",
+        env={"CUDA_MPS_PIPE_DIRECTORY": "/tmp/elsewhere"},
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not any(c.kind == "compute" for c in node.state().contexts):
+            assert time.monotonic() < deadline, "the tenant outside MPS did not get the GPU"
+            time.sleep(0.05)
+        shut_out = sim_client(result.edits, node.root)
+        assert "busy or unavailable" in shut_out.get("error", ""), shut_out
+    finally:
+        bare.send_signal(signal.SIGTERM)
+        report, _ = bare.communicate(timeout=30)
+    assert json.loads(report)["mps"] is False and json.loads(report)["smCount"] == 132
+    assert sim_client(result.edits, node.root)["activeThreadPercentage"] == 25
+    manager.unprepare_group("claim-0", result.state)
+    assert node.leftovers() == []
