@@ -4,7 +4,8 @@ tests/support/container_view.py.
 
 Only the spec's directory mounts are applied (the MPS `clients` directory at /tmp/nvidia-mps, the claim's shm
 at /dev/shm, ...): the driver files a spec mounts are the host's own in this view, and the simulated CUDA
-client needs none of them."""
+client needs none of them. The spec's device nodes are handed to the simulated client by name
+(container_view.py), so that what it opens is what the spec gives."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from dra_gpu.sharing.interface import CdiEdits, CdiMount
+from dra_gpu.sharing.interface import CdiDeviceNode, CdiEdits, CdiMount
 from tests.plugin.plugin_harness import SimNode
 from tests.support.container_view import sim_client, start_sim_client
 
@@ -34,6 +35,7 @@ def claim_edits(node: SimNode, claim_uid: str) -> CdiEdits:
     parts += [device.get("containerEdits") or {} for device in spec.get("devices") or ()]
     env: dict[str, str] = {}
     mounts: dict[str, CdiMount] = {}
+    nodes: dict[str, CdiDeviceNode] = {}
     for part in parts:
         for item in part.get("env") or ():
             name, _, value = str(item).partition("=")
@@ -41,7 +43,13 @@ def claim_edits(node: SimNode, claim_uid: str) -> CdiEdits:
         for mount in part.get("mounts") or ():
             if os.path.isdir(mount["hostPath"]):
                 mounts[mount["containerPath"]] = CdiMount(mount["hostPath"], mount["containerPath"])
-    return CdiEdits(env=tuple(f"{k}={v}" for k, v in env.items()), mounts=tuple(mounts.values()))
+        for node in part.get("deviceNodes") or ():
+            nodes[node["path"]] = CdiDeviceNode(node["path"], node.get("hostPath"))
+    return CdiEdits(
+        env=tuple(f"{k}={v}" for k, v in env.items()),
+        mounts=tuple(mounts.values()),
+        device_nodes=tuple(nodes.values()),
+    )
 
 
 def mps_host_dir(node: SimNode, claim_uid: str) -> str:

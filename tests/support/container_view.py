@@ -1,6 +1,7 @@
 """Run a process as a container of a prepared claim would see the node: the claim's CDI mounts bound at their
-container paths in a private mount namespace, and its CDI env. Checks of sharing read what a workload gets
-from there (the simulated CUDA client), not the driver's own records."""
+container paths in a private mount namespace, and its CDI env; its device nodes are named to the simulated
+client (DRA_GPU_SIM_DEVICE_NODES), which opens only what they give. Checks of sharing read what a workload
+gets from there (the simulated CUDA client), not the driver's own records."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dra_gpu.hardware.sim_tools import device_nodes
 from dra_gpu.sharing.interface import CdiEdits
 
 # Binds each "host\0container" pair given after the script, then execs the rest; runs as root in `unshare -m`
@@ -37,6 +39,8 @@ def container_env(edits: CdiEdits, extra: Mapping[str, str] | None = None) -> di
     for item in edits.env:
         name, _, value = item.partition("=")
         env[name] = value
+    if edits.device_nodes:  # the nodes a runtime would create in the container (device_nodes.py)
+        env[device_nodes.ENV_VAR] = ",".join(node.path for node in edits.device_nodes)
     env.update(extra or {})
     return env
 

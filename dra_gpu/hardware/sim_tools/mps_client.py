@@ -18,9 +18,10 @@ What it models, and from where:
   mps_control.py) and it stays that server's client until it exits (`--hold` keeps it attached that long;
   SIGTERM ends the hold early, and it still detaches and reports).
 - Without MPS a process takes a context of its own on its GPU (the first of CUDA_VISIBLE_DEVICES, else --gpu,
-  else GPU 0) and gets the whole GPU: in compute mode Default always; in EXCLUSIVE_PROCESS only while no other
-  process (an MPS server counts) has one there, else it fails with CUDA's "all CUDA-capable devices are busy
-  or unavailable" (simulator/contexts.py; seen on an H200, driver 580.159.04, 2026-11-27).
+  else device 0, among the devices its container's nodes give when DRA_GPU_SIM_DEVICE_NODES names them:
+  device_nodes.py) and gets the whole GPU: in compute mode Default always; in EXCLUSIVE_PROCESS only while
+  no other process (an MPS server counts) has one there, else it fails with CUDA's "all CUDA-capable
+  devices are busy or unavailable" (simulator/contexts.py; seen on an H200, driver 580.159.04, 2026-11-27).
 - A client's own CUDA_MPS_ACTIVE_THREAD_PERCENTAGE / CUDA_MPS_PINNED_DEVICE_MEM_LIMIT only lower what its
   server gives (MPS docs 4.2.5 / 4.2.7: the client "will only further constrain the limit"); without them it
   gets the server's own limits (seen on an H200: 132 SMs / 80 GiB from a 100 %/80G server).
@@ -138,16 +139,26 @@ def attach(pipe_dir: Path) -> tuple[socket.socket, dict[str, Any]] | None:
 
 
 def _without_mps_device(env: Mapping[str, str], gpu: str | None, driver_root: str) -> str:
+    """The device a process without MPS opens: the first of CUDA_VISIBLE_DEVICES (else --gpu, else device 0)
+    among the devices it can reach: those its container's device nodes give (device_nodes.py) when the
+    container view names them, else every GPU of the node."""
     from dra_gpu.hardware.sim_driver_root import state_path
+    from dra_gpu.hardware.sim_tools import device_nodes
     from dra_gpu.hardware.simulator.state import StateStore
 
     state = StateStore(state_path(driver_root)).read()
+    if device_nodes.ENV_VAR in env and not gpu:
+        reachable = device_nodes.visible_devices(state, device_nodes.parse_nodes(env[device_nodes.ENV_VAR]))
+    else:
+        reachable = [g.uuid for g in state.gpus]
+    if not reachable:
+        raise ClientError("no CUDA-capable device is detected")  # CUDA's text (cudaErrorNoDevice)
     visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     chosen = visible[0] if visible else (gpu or "0")
     if chosen.isdigit():
-        if int(chosen) >= len(state.gpus):
+        if int(chosen) >= len(reachable):
             raise ClientError(f"no GPU {chosen} on this simulated node")
-        return state.gpus[int(chosen)].uuid
+        return reachable[int(chosen)]
     return chosen
 
 
