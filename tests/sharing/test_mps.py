@@ -271,6 +271,26 @@ def test_mps_on_an_on_demand_mig_device(node: SimNode) -> None:
     assert node.state().gpus[0].mig_current is False  # switched on for the claim, off again afterwards
 
 
+def test_a_mig_device_whose_daemon_was_killed_with_its_server_is_destroyed_at_unprepare(
+    node: SimNode,
+) -> None:
+    """Found by the soak (issue 36): a MIG + MPS claim's daemon SIGKILLed while its server ran (a client had
+    spawned it), then unprepared: the MIG device stayed for good ("still in use", by a server that died with
+    its daemon), its placement lost. An MPS server does not outlive its control daemon, so NVML no longer
+    counts it."""
+    from tests.support.container_view import sim_client
+
+    mig = next(d for d in node.model().devices if d.kind.value == "mig-dynamic")
+    manager = node.manager()
+    config = mps_config("MigDeviceConfig", defaultActiveThreadPercentage=50)
+    result = manager.prepare_group("claim-1", config, [node.alloc(mig.name)])
+    assert sim_client(result.edits, node.root)["mps"]  # spawns the server: a context on the MIG device
+    os.kill(daemon_record(node, result)["pid"], signal.SIGKILL)
+    manager.unprepare_group("claim-1", result.state)
+    assert node.state().gpus[0].gpu_instances == []
+    assert node.leftovers() == []
+
+
 def test_mig_mps_limit_larger_than_the_mig_device_is_clamped_and_logged(node: SimNode) -> None:
     # NVIDIA's driver accepts any limit of at least 1 MiB (api/.../sharing.go, limit.Megabyte); MPS cannot pin
     # more than the device has, so the limit becomes the MIG device's memory and a warning says so.

@@ -228,6 +228,17 @@ class SimulatedNvml:
                 self._after_change(state)
             return result
 
+    def _reap_dead_mps_servers(self) -> None:
+        """Before NVML counts processes: an MPS server does not outlive its control daemon, and a daemon that
+        was SIGKILLed could not drop its servers' contexts (mps_control.prune_dead_daemons), so they are
+        dropped here; else a MIG device or GPU would stay "in use" by processes that are gone."""
+        from dra_gpu.hardware.sim_driver_root import STATE_RELATIVE_PATH  # late: both import this module
+        from dra_gpu.hardware.sim_tools.mps_control import prune_dead_daemons
+
+        depth = len(STATE_RELATIVE_PATH.split("/"))
+        if len(self.store.path.parents) > depth:  # a state file in a driver root (else no daemon has one)
+            prune_dead_daemons(str(self.store.path.parents[depth - 1]))
+
     # ---- lifecycle and system ----
     def nvmlInitWithFlags(self, flags: int) -> None:
         self.store.read()  # a missing or corrupt state file fails here, like a missing driver
@@ -457,6 +468,8 @@ class SimulatedNvml:
             _fail(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         enable = mode == pynvml.NVML_DEVICE_MIG_ENABLE
 
+        self._reap_dead_mps_servers()
+
         def change(s: SimState, gstate: GpuState) -> int:
             if not enable and gstate.gpu_instances:
                 _fail(pynvml.NVML_ERROR_IN_USE)
@@ -490,6 +503,7 @@ class SimulatedNvml:
         """Simulated `nvidia-smi -r`: pending MIG mode becomes current, MIG instances vanish. nvidia-smi(1),
         -r/--gpu-reset: no application (CUDA, graphics, monitoring) may be using the GPU; a GPU with
         processes on it is refused here with IN_USE."""
+        self._reap_dead_mps_servers()
 
         def change(state: SimState, gstate: GpuState) -> None:
             if contexts_on(state, device_uuids(gstate)):
@@ -683,6 +697,7 @@ class SimulatedNvml:
         return info
 
     def nvmlGpuInstanceDestroy(self, gpu_instance: Any) -> int:
+        self._reap_dead_mps_servers()
         _state, ref, _gi = self._gi_handle(gpu_instance, "nvmlGpuInstanceDestroy")
 
         def change(s: SimState, gstate: GpuState) -> None:
@@ -801,6 +816,7 @@ class SimulatedNvml:
         return self.nvmlComputeInstanceGetInfo_v2(compute_instance)
 
     def nvmlComputeInstanceDestroy(self, compute_instance: Any) -> int:
+        self._reap_dead_mps_servers()
         ref, _ci = self._ci_handle(compute_instance, "nvmlComputeInstanceDestroy")
 
         def change(s: SimState, gstate: GpuState) -> None:
@@ -820,6 +836,7 @@ class SimulatedNvml:
     def _processes(self, handle: Any, function: str, kinds: tuple[str, ...]) -> list[Any]:
         """pynvml's answer shape: a list of nvmlFriendlyObject with pid, usedGpuMemory, gpuInstanceId and
         computeInstanceId (0xFFFFFFFF both outside MIG). A GPU handle lists its MIG devices' processes too."""
+        self._reap_dead_mps_servers()
         state, ref = self._device(handle, function, allow_mig=True)
         gstate = state.gpus[ref.gpu_index]
         if ref.kind == handles.KIND_MIG_DEVICE:
