@@ -100,13 +100,17 @@ bench: venv
 	$(BIN)/python -m bench.run
 
 # The randomized fault soak (tests/soak): SOAK_OPS steps from SOAK_SEED on simulated nodes, the plugin driven
-# through its gRPC socket, faults injected, invariants checked after every step; figures in bench/_results/.
+# through its gRPC socket, faults injected (fault points scheduled, one every SOAK_FAULT_EVERY steps besides
+# the drawn ones), invariants and tenants checked after every step; figures in bench/_results/.
+# A failure is recorded in the report: `python -m tests.soak --replay bench/_results/soak.json` runs it again.
 SOAK_OPS ?= 10000
 SOAK_SEED ?= 31
+SOAK_FAULT_EVERY ?= 0
 soak: venv
 	e2e/cluster/build.sh control-plane
 	@mkdir -p bench/_results
-	$(BIN)/python -m tests.soak --ops $(SOAK_OPS) --seed $(SOAK_SEED) --report bench/_results/soak.json
+	$(BIN)/python -m tests.soak --ops $(SOAK_OPS) --seed $(SOAK_SEED) --fault-every $(SOAK_FAULT_EVERY) \
+	    --report bench/_results/soak.json
 
 image:
 	manifests/image/build.sh

@@ -17,7 +17,9 @@ uid 65532. What stands in: only the API server, by `claim_server.ClaimServer` (G
 Phases: the bare GPU (one FMA batch job alone, then 4 at once, time-sliced without MPS); 4 shares of
 `gpu-0-shared` at compute 25 / memory 10Gi (SMs and memory of each, 4 jobs one per share, a client that leaves
 its share, the plugin SIGKILLed and restarted, unprepare); one share of 50 / 20Gi (SMs, memory, 4 jobs as 4
-clients of it); `gpu-0` whole with an MPS GpuConfig (50 %, 10Gi). Then: no GPU setting changed (`nvidia-smi
+clients of it); a 25 % and a 50 % share side by side (a client of the 25 % one that raises its env limits
+gets the 50 % share's SMs and memory, and after the 50 % share left the 25 % share's again); `gpu-0` whole
+with an MPS GpuConfig (50 %, 10Gi). Then: no GPU setting changed (`nvidia-smi
 -q`'s modes, clocks and power limit before and after). Each check prints PASS / FAIL / NOTE / SKIP; a table of
 figures ends the run, and with $OUT (or --out) set, product-path.json holds both. Exit status 1 when a check
 failed (the 1.1x concurrency goal is reported, not counted). Everything started is stopped and removed on the
@@ -806,6 +808,44 @@ class ProductPath:
         self.unprepare([claim])
         self.cleanup_check("50 % share", [claim])
 
+    def caps_follow_shares(self) -> None:
+        """Issue 36: a tenant that raises its env limits gets the largest share on its GPU and no more, and
+        once the larger share left, no more than the largest share still there (its server's caps shrink, the
+        running server's too). Each answer is a fresh client in the 25 % share's container view."""
+        small = self.allocate("caps-small", share_request(25, 10))
+        large = self.allocate("caps-large", share_request(50, 20))
+        if not self.prepare([small, large]):
+            return
+        probe = [8 * GIB_MIB, 16 * GIB_MIB]  # within the 50 % share, past the 25 % one
+        [beside] = self.clients.run([small], env_over=RAISE, alloc_mib=probe)
+        self._capped("beside a 50 % / 20Gi share", beside, 50, 20)
+        self.unprepare([large])
+        [after] = self.clients.run([small], env_over=RAISE, alloc_mib=probe)
+        self._capped("after the 50 % share left", after, 25, 10)
+        self.report.data["capsFollowShares"] = {"beside": beside, "after": after}
+        self.unprepare([small])
+        self.cleanup_check("caps follow the shares", [small, large])
+
+    def _capped(self, when: str, answer: Mapping[str, Any], compute: int, memory_gib: int) -> None:
+        label = f"25 % share, env raised, {when}"
+        sms, memory = sms_of(answer), memory_limit_mib(answer)
+        if sms is not None and self.device_sms:
+            self.report.expect(
+                sm_share_ok(sms, self.device_sms, compute), f"{label}: {compute} % of the SMs", f"{sms}"
+            )
+        else:
+            got = answer.get("activeThreadPercentage")
+            self.report.expect(got == compute, f"{label}: active thread percentage {compute}", f"{got}")
+        if memory is not None:
+            self.report.expect(
+                memory <= memory_gib * GIB_MIB, f"{label}: memory within {memory_gib}Gi", f"{memory:.0f}"
+            )
+        allocations = answer.get("allocations")
+        if isinstance(allocations, dict):
+            past = allocations.get(str(16 * GIB_MIB))
+            self.report.expect((past == "ok") == (memory_gib > 16), f"{label}: 16 GiB allocation", f"{past}")
+        self.report.figure(f"{label}: SMs / memory", f"{_text(sms)} / {_text(memory)} MiB")
+
     def whole_gpu_mps(self) -> None:
         claim = self.allocate(
             "whole", {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}, [mps_config(50, 10)]
@@ -843,7 +883,14 @@ class ProductPath:
         )
         self.report.figure("plugin start to registration", seconds, "seconds")
         self.clients.probe_uid()
-        for phase in (self.bare, self.quarter_shares, self.half_share, self.whole_gpu_mps):
+        phases = (
+            self.bare,
+            self.quarter_shares,
+            self.half_share,
+            self.caps_follow_shares,
+            self.whole_gpu_mps,
+        )
+        for phase in phases:
             try:
                 phase()
             except Exception as err:  # one phase's failure is reported; the others still run

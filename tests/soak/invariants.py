@@ -1,18 +1,28 @@
 """The soak's invariants, read from the simulated hardware (simulator state, MPS daemon records and their
 liveness locks) and the filesystem (CDI specs, the plugin directory, /proc/mounts), compared with what the
-kubelet knows (kubelet_view), never with the plugin's own records:
+kubelet and the scheduler know (kubelet_view: each claim's allocation and phase), never with the plugin's own
+records:
 
-- every prepared claim's CDI spec, MIG instances, MPS daemon (running, serving its own device, with its
-  limits), compute mode and time-slice are there, and are its own;
+- every prepared claim's CDI spec names its allocated devices, and its device nodes give exactly those
+  (the GPU, or the MIG device at the allocated placement); its MIG instances, MPS daemon (running, serving
+  its own device, with its config's limits), compute mode and time-slice are there;
 - no whole GPU has both MPS clients and a claim given the bare device (consumable shares of both modes);
-- nothing exists that no live claim explains: CDI specs, MIG instances, MPS daemons, pipe directories, tmpfs
-  mounts, non-default compute modes and time-slices, checkpoint and registry entries;
+- nothing exists that no live claim explains, matched claim by claim: a claim not prepared and not in doubt
+  has no CDI spec, checkpoint or registry entry, daemon directory, /dev/shm of its own, and no daemon runs
+  for it; a GPU's shares server (directory, daemon, mounts) exists only while a share of that GPU is live; a
+  non-default compute mode only on a GPU with a live whole-GPU MPS claim (a consumable share that takes the
+  bare device explains none); a MIG instance only where a live claim has its placement;
 - a refused claim left nothing (it explains nothing, so anything of it shows up as unexplained);
 - the checkpoint stays bounded: its size grows with the claims the node holds, not with the run's length.
+
+`ASYNC_RULES` are the ones the plugin repairs later rather than at once (a killed daemon restarted by the
+next reconcile pass, a GPU's settings put back once it is back): only those may take time to heal, and only
+while a fault that calls for such a repair is recent (tests/soak/run.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_gpu.hardware.sim_tools.device_nodes import visible_devices
 from dra_gpu.hardware.sim_tools.mps_records import pipe_dir_key
-from tests.soak.kubelet_view import MAY_RUN_MPS, MPS_KINDS, DeviceFacts, Phase, SoakClaim
+from tests.soak.kubelet_view import MPS_KINDS, DeviceFacts, Phase, SoakClaim
 from tests.soak.soak_node import SoakNode
 
 CONTAINER_MPS_DIR = "/tmp/nvidia-mps"
@@ -39,12 +50,28 @@ PLUGIN_FILES = re.compile(
     r"\.checkpoint\.json\.tmp-\d+-\d+|\.sharing-registry\.json\.\d+\.tmp|\.device-health\.json\.tmp-\d+-\d+"
 )
 CHECKPOINT_BYTES_PER_CLAIM = 8192
+SHARES_KINDS = frozenset({"fraction", "consumable-mps", "consumable-memory"})
+OWN_DAEMON_KINDS = frozenset({"mps", "mig-mps"})
+WHOLE_GPU_MPS = SHARES_KINDS | {"mps"}  # their GPU is in EXCLUSIVE_PROCESS while they are live
+SHARES_DIR = "shares-"
+ASYNC_RULES = frozenset(
+    {
+        "mps-daemon-missing",
+        "mps-limit",
+        "compute-mode",
+        "compute-mode-leaked",
+        "timeslice-leaked",
+        "mig-leaked",
+        "caps-not-largest-share",
+    }
+)
 
 
 @dataclass(frozen=True)
 class Violation:
     rule: str  # a short name, stable across runs (shrinking keeps the same rule failing)
     detail: str
+    claim: int | None = None  # the index of the claim it is about, where it is about one
 
     def __str__(self) -> str:
         return f"[{self.rule}] {self.detail}"
@@ -61,20 +88,40 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+def _edits(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [spec.get("containerEdits") or {}] + [
+        d.get("containerEdits") or {} for d in spec.get("devices") or ()
+    ]
+
+
 def _mps_pipe_dirs(spec: Mapping[str, Any]) -> list[str]:
     """Host paths of the MPS pipe directories the claim's containers use: CUDA_MPS_PIPE_DIRECTORY (default
     /tmp/nvidia-mps), through the spec's mount of /tmp/nvidia-mps."""
-    edits = [spec.get("containerEdits") or {}] + [
-        d.get("containerEdits") or {} for d in spec.get("devices") or ()
-    ]
     found = set()
-    for part in edits:
+    for part in _edits(spec):
         env = dict(str(e).partition("=")[::2] for e in part.get("env") or ())
         pipe = env.get("CUDA_MPS_PIPE_DIRECTORY", CONTAINER_MPS_DIR)
         for mount in part.get("mounts") or ():
             if mount.get("containerPath") == CONTAINER_MPS_DIR and pipe.startswith(CONTAINER_MPS_DIR):
                 found.add(mount["hostPath"] + pipe.removeprefix(CONTAINER_MPS_DIR))
     return sorted(found)
+
+
+def _device_nodes(spec: Mapping[str, Any]) -> set[str]:
+    return {str(n["path"]) for part in _edits(spec) for n in part.get("deviceNodes") or ()}
+
+
+def _allocated_uuids(claim: SoakClaim, facts: Mapping[str, DeviceFacts], gpus: Mapping[str, Any]) -> set[str]:
+    """The GPU and MIG device UUIDs the claim's allocation names (a MIG device by its placement)."""
+    found: set[str] = set()
+    for device in claim.devices(facts):
+        if device.mig_placement is None:
+            found.add(device.gpu_uuid)
+            continue
+        for gi in gpus[device.gpu_uuid].gpu_instances:
+            if (gi.profile_id, gi.start) == device.mig_placement:
+                found.update(ci.uuid for ci in gi.compute_instances)
+    return found
 
 
 def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, DeviceFacts]) -> list[Violation]:
@@ -85,7 +132,6 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
     explained = [c for c in claims if c.explained]
     by_uid = {c.uid: c for c in claims}
     daemons = node.live_daemons()
-    referenced: dict[str, SoakClaim] = {}  # daemon key -> the claim whose spec mounts its pipe directory
     # whole GPU -> {mounts an MPS pipe: a claim that does}: a GPU's MPS clients and a claim given the bare
     # device cannot both work (EXCLUSIVE_PROCESS refuses the bare one's context); admin access only looks
     modes: dict[str, dict[bool, int]] = {}
@@ -96,13 +142,25 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
             continue
         spec = _read_json(_spec_path(node, claim.uid))
         if spec is None:
-            out.append(Violation("spec-missing", f"claim {claim.index} ({claim.kind}) prepared, no CDI spec"))
+            out.append(
+                Violation(
+                    claim=claim.index,
+                    rule="spec-missing",
+                    detail=f"claim {claim.index} ({claim.kind}) prepared, no CDI spec",
+                )
+            )
             continue
         wanted = sorted(cdi.split("=", 1)[1] for d in claim.answer or () for cdi in d[3])
+        allocated = sorted({f"{claim.uid}-{r['device']}" for r in claim.results})
         have = sorted(d["name"] for d in spec.get("devices") or ())
-        if wanted != have:
+        if not wanted == have == allocated:
             out.append(
-                Violation("spec-devices", f"claim {claim.index}: spec devices {have}, answer {wanted}")
+                Violation(
+                    claim=claim.index,
+                    rule="spec-devices",
+                    detail=f"claim {claim.index}: spec devices {have}, answer {wanted}, "
+                    f"allocated {allocated}",
+                )
             )
         on_lost = bool(claim.gpu_uuids(facts) & lost_uuids) or claim.hardware_lost
         for device in claim.devices(facts):
@@ -111,7 +169,25 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
             placements = {(gi.profile_id, gi.start) for gi in gpus[device.gpu_uuid].gpu_instances}
             if device.mig_placement not in placements:
                 out.append(
-                    Violation("mig-missing", f"claim {claim.index}: no MIG instance for {device.name}")
+                    Violation(
+                        claim=claim.index,
+                        rule="mig-missing",
+                        detail=f"claim {claim.index}: no MIG instance for {device.name}",
+                    )
+                )
+        own = _allocated_uuids(claim, facts, gpus)
+        if not on_lost:
+            # admin access observes (NVML): the GPU's own node, whatever its MIG mode
+            monitors = claim.kind == "admin"
+            reachable = set(visible_devices(state, _device_nodes(spec), whole_gpus=monitors))
+            if reachable != own:
+                out.append(
+                    Violation(
+                        claim=claim.index,
+                        rule="spec-device-nodes",
+                        detail=f"claim {claim.index} ({claim.kind}): its device nodes give "
+                        f"{sorted(reachable)}, allocated {sorted(own)}",
+                    )
                 )
         sharing = claim.sharing()
         whole_uuids = {d.gpu_uuid for d in claim.devices(facts) if d.type != "mig"}
@@ -120,43 +196,59 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
             for uuid in whole_uuids:
                 modes.setdefault(uuid, {}).setdefault(bool(mounts), claim.index)
         if claim.kind in MPS_KINDS and not mounts:
-            out.append(Violation("mps-not-mounted", f"claim {claim.index} ({claim.kind}): no MPS pipe mount"))
+            out.append(
+                Violation(
+                    claim=claim.index,
+                    rule="mps-not-mounted",
+                    detail=f"claim {claim.index} ({claim.kind}): no MPS pipe mount",
+                )
+            )
         for host_dir in mounts:
             try:
                 key = pipe_dir_key(host_dir)
             except OSError:
-                out.append(Violation("mps-pipe-missing", f"claim {claim.index}: pipe dir {host_dir} is gone"))
+                out.append(
+                    Violation(
+                        claim=claim.index,
+                        rule="mps-pipe-missing",
+                        detail=f"claim {claim.index}: pipe dir {host_dir} is gone",
+                    )
+                )
                 continue
-            referenced[key] = claim
             record = daemons.get(key)
             if record is None:
                 # a killed daemon cannot be started again while the plugin directory is full or its GPU is
                 # off the bus (the plugin reports it as a sharing problem); judged once that ends
                 if not on_lost and "checkpoint" not in node.fillers:
                     out.append(
-                        Violation("mps-daemon-missing", f"claim {claim.index} ({claim.kind}): no daemon")
+                        Violation(
+                            claim=claim.index,
+                            rule="mps-daemon-missing",
+                            detail=f"claim {claim.index} ({claim.kind}): no daemon",
+                        )
                     )
                 continue
             visible = set(record.get("visible_devices") or ())
-            if whole_uuids and not visible <= whole_uuids | _mig_uuids(gpus, whole_uuids):
+            if not on_lost and visible != own:
                 out.append(
-                    Violation("mps-wrong-device", f"claim {claim.index}: daemon serves {sorted(visible)}")
-                )
-            if claim.kind == "mps":
-                pct = (sharing.get("mpsConfig") or {}).get("defaultActiveThreadPercentage")
-                if record.get("default_active_thread_percentage") != pct:
-                    out.append(
-                        Violation(
-                            "mps-limit",
-                            f"claim {claim.index}: daemon thread % "
-                            f"{record.get('default_active_thread_percentage')}, claim {pct}",
-                        )
+                    Violation(
+                        claim=claim.index,
+                        rule="mps-wrong-device",
+                        detail=f"claim {claim.index} ({claim.kind}): its daemon serves {sorted(visible)}, "
+                        f"allocated {sorted(own)}",
                     )
-        if claim.kind in MPS_KINDS - {"mig-mps"}:
+                )
+            if claim.kind in OWN_DAEMON_KINDS:
+                out += _own_limits(claim, record, sharing)
+        if claim.kind in WHOLE_GPU_MPS:
             for uuid in whole_uuids - lost_uuids:
                 if gpus[uuid].compute_mode != EXCLUSIVE_PROCESS:
                     out.append(
-                        Violation("compute-mode", f"claim {claim.index}: GPU {uuid} not EXCLUSIVE_PROCESS")
+                        Violation(
+                            claim=claim.index,
+                            rule="compute-mode",
+                            detail=f"claim {claim.index}: GPU {uuid} not EXCLUSIVE_PROCESS",
+                        )
                     )
         interval = (sharing.get("timeSlicingConfig") or {}).get("interval")
         if sharing.get("strategy") == "TimeSlicing":
@@ -164,7 +256,9 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
                 if gpus[uuid].timeslice != TIMESLICE_CODES[interval or "Default"]:
                     out.append(
                         Violation(
-                            "timeslice", f"claim {claim.index}: GPU {uuid} timeslice {gpus[uuid].timeslice}"
+                            claim=claim.index,
+                            rule="timeslice",
+                            detail=f"claim {claim.index}: GPU {uuid} timeslice {gpus[uuid].timeslice}",
                         )
                     )
 
@@ -178,13 +272,53 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
                 )
             )
 
-    # ---- nothing exists that no live claim explains
+    out += _leaks(node, explained, by_uid, facts, state, daemons, lost_uuids)
+    return out
+
+
+def _own_limits(claim: SoakClaim, record: Mapping[str, Any], sharing: Mapping[str, Any]) -> list[Violation]:
+    """The claim's own daemon holds its config's limits as its defaults (the caps of every server)."""
+    config = sharing.get("mpsConfig") or {}
+    out = []
+    pct = config.get("defaultActiveThreadPercentage")
+    if record.get("default_active_thread_percentage") != pct:
+        held = record.get("default_active_thread_percentage")
+        out.append(
+            Violation("mps-limit", f"claim {claim.index}: daemon thread % {held}, claim {pct}", claim.index)
+        )
+    pinned = config.get("defaultPinnedDeviceMemoryLimit")
+    if pinned is not None:
+        from dra_gpu.config.quantity import MIB, parse_quantity
+
+        wanted = f"{parse_quantity(pinned) // MIB}M"
+        held_pinned = sorted(set((record.get("default_pinned_mem_limits") or {}).values()))
+        if held_pinned != [wanted]:
+            out.append(
+                Violation(
+                    "mps-limit",
+                    f"claim {claim.index}: daemon pinned {held_pinned}, claim {wanted}",
+                    claim.index,
+                )
+            )
+    return out
+
+
+def _leaks(
+    node: SoakNode,
+    explained: Sequence[SoakClaim],
+    by_uid: Mapping[str, SoakClaim],
+    facts: Mapping[str, DeviceFacts],
+    state: Any,
+    daemons: Mapping[str, Mapping[str, Any]],
+    lost_uuids: set[str],
+) -> list[Violation]:
+    """Nothing exists that no live claim explains, claim by claim."""
+    out: list[Violation] = []
     live_uids = {c.uid for c in explained}
     for path in sorted(node.node.cdi_root.glob("k8s.gpu.nvidia.com-claim_*.json")):
         uid = path.name.removeprefix("k8s.gpu.nvidia.com-claim_").removesuffix(".json")
         if uid not in live_uids:
-            owner = by_uid.get(uid)
-            out.append(Violation("spec-leaked", f"CDI spec of {_who(owner, uid)}"))
+            out.append(Violation("spec-leaked", f"CDI spec of {_who(by_uid.get(uid), uid)}"))
     mig_owned = {
         (d.gpu_uuid, *d.mig_placement)
         for c in explained
@@ -192,43 +326,69 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
         if d.mig_placement is not None
     }
     # A GPU off the bus cannot be changed: what the plugin must undo there waits until it is back (judged
-    # then, within the settle time).
+    # then, within the time repairs may take).
     for gpu in state.gpus:
         if gpu.uuid in lost_uuids:
             continue
         for gi in gpu.gpu_instances:
             if (gpu.uuid, gi.profile_id, gi.start) not in mig_owned:
                 out.append(Violation("mig-leaked", f"MIG instance {gi.profile_id}@{gi.start} on {gpu.uuid}"))
-    mps_claims = [c for c in explained if c.kind in MAY_RUN_MPS]
-    doubtful_mps = [c for c in mps_claims if c.phase is Phase.IN_DOUBT]
-    unreferenced = [k for k in daemons if k not in referenced]
-    if len(unreferenced) > len(doubtful_mps):
-        out.append(
-            Violation(
-                "mps-daemon-leaked", f"{len(unreferenced)} daemon(s) no prepared claim mounts: {unreferenced}"
-            )
-        )
-    mps_uuids = {u for c in mps_claims for u in c.gpu_uuids(facts)} | lost_uuids
-    for key, record in daemons.items():
-        # (a MIG device gone with its GPU's reset is nobody's: its daemon is judged by the pipe mounts above)
-        stray = {v for v in record.get("visible_devices") or () if _parent(gpus, v) not in mps_uuids | {None}}
-        if stray:
-            out.append(
-                Violation("mps-daemon-leaked", f"daemon {key} serves {sorted(stray)}: no MPS claim there")
-            )
+
+    # ---- MPS, claim by claim: daemon directories, the shares servers' per-claim /dev/shm, mounts, daemons
+    own_daemon_uids = {c.uid for c in explained if c.kind in OWN_DAEMON_KINDS}
+    shares_by_gpu: dict[str, set[str]] = {}
+    for claim in explained:
+        if claim.kind in SHARES_KINDS:
+            for uuid in claim.gpu_uuids(facts):
+                shares_by_gpu.setdefault(uuid.lower(), set()).add(claim.uid)
     pipe_root = node.node.plugin_dir / "mps"
-    pipe_dirs = sorted(p.name for p in pipe_root.iterdir()) if pipe_root.exists() else []
-    if len(pipe_dirs) > len(mps_claims):
-        out.append(
-            Violation("pipe-dir-leaked", f"{len(pipe_dirs)} pipe directories, {len(mps_claims)} MPS claims")
-        )
+    allowed_dirs: set[str] = set()
+    allowed_mounts: set[str] = set()
+    dir_keys: dict[str, str] = {}
+    for directory in sorted(pipe_root.iterdir()) if pipe_root.is_dir() else ():
+        name = directory.name
+        for where in (directory / "clients" / "pipe", directory / "stage", directory / "pipe"):
+            with contextlib.suppress(OSError):  # not there (yet, or any more)
+                dir_keys[pipe_dir_key(str(where))] = name
+        if name.startswith(SHARES_DIR):
+            gpu = name.removeprefix(SHARES_DIR)
+            holders = shares_by_gpu.get(gpu, set())
+            if not holders:
+                out.append(
+                    Violation("pipe-dir-leaked", f"shares server directory {name}: no live share there")
+                )
+                continue
+            allowed_dirs.add(name)
+            allowed_mounts.add(str(directory / "shm"))
+            for claim_dir in (
+                sorted((directory / "claims").iterdir()) if (directory / "claims").is_dir() else ()
+            ):
+                if claim_dir.name not in holders:
+                    owner = by_uid.get(claim_dir.name)
+                    out.append(
+                        Violation("shm-leaked", f"/dev/shm of {_who(owner, claim_dir.name)} on {name}")
+                    )
+                else:
+                    allowed_mounts.add(str(claim_dir / "shm"))
+            continue
+        uid = name[:36]
+        if uid not in own_daemon_uids:
+            out.append(
+                Violation("pipe-dir-leaked", f"daemon directory {name} of {_who(by_uid.get(uid), uid)}")
+            )
+            continue
+        allowed_dirs.add(name)
+        allowed_mounts.add(str(directory / "shm"))
     for mount in _mounts_under(node.node.plugin_dir):
-        inside = Path(mount).relative_to(pipe_root).parts[0] if mount.startswith(f"{pipe_root}/") else None
-        if inside is None or inside not in pipe_dirs:
-            out.append(Violation("mount-leaked", f"mount {mount} outside any pipe directory"))
-    if len(_mounts_under(node.node.plugin_dir)) > 2 * len(mps_claims):  # a server's shm, a claim's shm
-        out.append(Violation("mount-leaked", f"{len(_mounts_under(node.node.plugin_dir))} tmpfs mounts"))
-    may_exclusive = mps_uuids | {u for c in explained if c.kind == "consumable" for u in c.gpu_uuids(facts)}
+        if mount not in allowed_mounts:
+            out.append(Violation("mount-leaked", f"mount {mount}"))
+    for key in daemons:
+        if dir_keys.get(key) not in allowed_dirs:
+            where = dir_keys.get(key, "no directory")
+            out.append(Violation("mps-daemon-leaked", f"daemon {key} ({where}) runs for no live claim"))
+
+    # ---- GPU-wide settings: only where a live claim asked for them
+    may_exclusive = {u for c in explained if c.kind in WHOLE_GPU_MPS for u in c.gpu_uuids(facts)}
     may_timeslice = {
         d.gpu_uuid
         for c in explained
@@ -269,20 +429,6 @@ def check(node: SoakNode, claims: Sequence[SoakClaim], facts: Mapping[str, Devic
 
 def _who(claim: SoakClaim | None, uid: str) -> str:
     return f"claim {claim.index} ({claim.kind}, {claim.phase.value})" if claim else f"unknown claim {uid}"
-
-
-def _mig_uuids(gpus: Mapping[str, Any], parents: set[str]) -> set[str]:
-    return {ci.uuid for p in parents for gi in gpus[p].gpu_instances for ci in gi.compute_instances}
-
-
-def _parent(gpus: Mapping[str, Any], device_uuid: str) -> str | None:
-    for gpu in gpus.values():
-        if gpu.uuid == device_uuid:
-            return str(gpu.uuid)
-        for gi in gpu.gpu_instances:
-            if any(ci.uuid == device_uuid for ci in gi.compute_instances):
-                return str(gpu.uuid)
-    return None
 
 
 def _mounts_under(directory: Path) -> list[str]:

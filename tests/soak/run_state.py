@@ -6,16 +6,22 @@ The steps (tests/soak/*_steps.py) build on it."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 from tests.soak.allocation import SchedulerModel
 from tests.soak.environment import NAMESPACE, SoakEnvironment
+from tests.soak.fault_timeline import FaultTimeline
 from tests.soak.invariants import Violation
 from tests.soak.kubelet_view import Phase, SoakClaim, device_facts
 from tests.soak.pacing import FAULT_GAP
 from tests.soak.profiles import Profile, node_slices
 from tests.soak.soak_node import SoakNode
 from tests.soak.stats import SoakStats
+
+
+def node_name(node_seed: int) -> str:
+    return f"soak-{node_seed:08x}"
 
 
 class InvariantBrokenError(AssertionError):
@@ -27,14 +33,25 @@ class InvariantBrokenError(AssertionError):
 class RunState:
     """One node under soak, started with its plugin: the state every family of steps reads and changes."""
 
-    def __init__(self, profile: Profile, environment: SoakEnvironment, stats: SoakStats) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        environment: SoakEnvironment,
+        stats: SoakStats,
+        node_seed: int = 0,
+        plugin_env: Mapping[str, str] | None = None,
+    ) -> None:
+        """`node_seed` names the node, and the name seeds its simulated hardware: the same seed, the same
+        node. `plugin_env`: more of the plugin's environment (a test-only injected bug)."""
         from kubernetes import client
 
         self.profile, self.stats = profile, stats
         self.kubeconfig, self.api_address = environment.kubeconfig, environment.api_address
         self.api_client_factory = environment.api_client
         self.stats.runs += 1
-        self.soak = SoakNode(self.profile, self.kubeconfig, *self.api_address)
+        name = node_name(node_seed)
+        self.stats.nodes.append(name)
+        self.soak = SoakNode(self.profile, self.kubeconfig, *self.api_address, name, plugin_env)
         self.api: Any = client.ResourceV1Api(self.api_client_factory())
         slices = node_slices(self.profile, self.soak.node)
         self.facts = device_facts(slices)
@@ -44,6 +61,11 @@ class RunState:
         self.created = 0
         self.since_kill = FAULT_GAP
         self.log: list[str] = []
+        self.timeline = FaultTimeline()  # when each injected fault was in force (explains refusals)
+        self.touched: set[str] = set()  # uids of the claims under a call in the step under way
+        self.just_prepared: list[SoakClaim] = []  # claims freshly prepared in that step: checked right after
+        self.repairs_until = 0.0  # until then (time.monotonic()), repairs the plugin makes later may be due
+        self.armed = 0  # fault points armed so far on this node
         self.soak.start_plugin()
 
     def close(self) -> None:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
-import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,24 @@ class PluginDiedError(Exception):
     """The plugin process ended under a call (killed); the call's claims are in doubt."""
 
 
+FAULT_POINT_LINE = re.compile(r"fault injection: killing process at step (\S+)")
+
+
 class SoakNode:
-    def __init__(self, profile: Profile, kubeconfig: Path, api_host: str, api_port: int) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        kubeconfig: Path,
+        api_host: str,
+        api_port: int,
+        name: str,
+        plugin_env: Mapping[str, str] | None = None,
+    ) -> None:
+        """`name` seeds the simulated hardware (its UUIDs, serials, ...): the same name, the same node.
+        `plugin_env`: more of the plugin's environment (a test-only injected bug)."""
         self.profile = profile
-        self.node = SimNode(name=f"soak-{uuid.uuid4().hex[:8]}", hardware=profile.hardware)
+        self.extra_env = dict(plugin_env or {})
+        self.node = SimNode(name=name, hardware=profile.hardware)
         prepare_node(profile, self.node)
         for directory in (self.node.plugin_dir, self.node.cdi_root):
             directory.mkdir(parents=True, exist_ok=True)
@@ -53,7 +68,7 @@ class SoakNode:
     # ------------------------------------------------------------------------------------- plugin process
 
     def start_plugin(self, kill_at: str | None = None) -> None:
-        env = {**PLUGIN_ENV, **self.profile.plugin_env()}
+        env = {**PLUGIN_ENV, **self.profile.plugin_env(), **self.extra_env}
         if kill_at:
             env["DRA_GPU_FAULT_KILL_AT"] = kill_at
         # The plugin needs the API server at start (its client); a cut relay is back for the start only if
@@ -80,6 +95,13 @@ class SoakNode:
             self.plugin.stop(sig)
             self.plugin = None
         self.armed_step = None
+
+    def fault_point_reached(self) -> str | None:
+        """The named fault point the plugin process killed itself at, from its log; None when it did not."""
+        if self.plugin is None:
+            return None
+        found = FAULT_POINT_LINE.findall(self.plugin.log_path.read_text(errors="replace"))
+        return found[-1] if found else None
 
     def plugin_alive(self) -> bool:
         return self.plugin is not None and self.plugin.proc.poll() is None
@@ -128,6 +150,10 @@ class SoakNode:
     def lose_gpu(self, index: int) -> None:
         open_simulated_nvml(self.node.driver_root).lose_gpu(index)  # as `dra-gpu hardware gpu-lost`
         self.lost_gpus.add(index)
+
+    def lost_uuids(self) -> set[str]:
+        state = self.node.sim_state()
+        return {state.gpus[i].uuid for i in self.lost_gpus}
 
     def recover_gpus(self) -> list[int]:
         back = sorted(self.lost_gpus)

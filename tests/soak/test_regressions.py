@@ -29,6 +29,12 @@ invariants of tests/soak/invariants.py); each bug also has a focused test next t
    the claim's unprepare (SOAK_SEED=31).
    -> tests/sharing/test_mig_lifecycle.py::
       test_a_gpu_instance_left_empty_by_a_crash_during_creation_is_destroyed_at_start_up
+9. A MIG + MPS claim whose daemon was killed while its server ran (a tenant had started it), unprepared while
+   the daemon could not be restarted (a full disk): the simulated NVML still counted the dead daemon's server
+   on the MIG device, so its destruction was put off for good and the placement lost (SOAK_SEED=31, the
+   first soak that runs workloads). An MPS server does not outlive its control daemon; NVML now says so too.
+   -> tests/sharing/test_mps.py::
+      test_a_mig_device_whose_daemon_was_killed_with_its_server_is_destroyed_at_unprepare
 """
 
 from __future__ import annotations
