@@ -42,6 +42,7 @@ WHOLE_GPU_MPS = SHARES_KINDS | {"mps"}  # their GPU is in EXCLUSIVE_PROCESS whil
 RAISED = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1000G"}
 DROPPED = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": ""}
 NOWHERE = "/tmp/dra-gpu-soak-no-mps"  # a pipe directory no daemon serves: the client runs outside MPS
+MPS_DIR = "/tmp/nvidia-mps"  # where a claim's container sees its daemon's clients directory
 BUSY = "busy or unavailable"  # CUDA's refusal in EXCLUSIVE_PROCESS (cudaErrorDevicesUnavailable)
 CAP_COMMANDS = {
     "set_default_active_thread_percentage": "compute",
@@ -155,6 +156,20 @@ class TenantChecks:
         edits = claim_edits(self.node.node, claim.uid)
         return sim_client(edits, self.node.node.driver_root, *args, env=env, timeout_s=30)
 
+    def _daemon_runs(self, claim: SoakClaim) -> bool:
+        """The MPS daemon the claim's container view reaches runs."""
+        mounts = [
+            m.host_path for m in claim_edits(self.node.node, claim.uid).mounts if m.container_path == MPS_DIR
+        ]
+        live = self.node.live_daemons()
+        for host in mounts:
+            try:
+                if pipe_dir_key(f"{host}/pipe") in live:
+                    return True
+            except OSError:
+                continue
+        return False
+
     def check(
         self,
         claim: SoakClaim,
@@ -170,6 +185,10 @@ class TenantChecks:
         if share is None:
             return []
         who = f"claim {claim.index} ({claim.kind})"
+        if share.mps and "checkpoint" in self.node.fillers and not self._daemon_runs(claim):
+            # a killed daemon cannot be started again while the plugin directory is full (its pipe and log
+            # live there); the plugin taints the GPU, and its tenants are judged once the disk has room
+            return []
         view = self._client(claim)
         if "error" in view:
             return [

@@ -218,7 +218,11 @@ class Daemon:
         self._fallback_pid = mps_records.SERVER_PID_BASE + os.getpid() * 1000  # without a driver root
 
     def log(self, text: str) -> None:
-        with open(self.log_dir / LOG_FILE, "a", encoding="utf-8") as out:
+        """A line in control.log. A line that cannot be written (the log directory's disk is full) is lost and
+        the daemon goes on serving: losing its log is no reason for a daemon to stop (the soak found that a
+        simulated daemon which died of it made every MPS claim's daemon die whenever the plugin's directory
+        filled up). Writing its pid file at start is another matter: `start_daemon` fails then."""
+        with contextlib.suppress(OSError), open(self.log_dir / LOG_FILE, "a", encoding="utf-8") as out:
             out.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {text}\n")
 
     def record(self, **changes: Any) -> None:
