@@ -93,6 +93,27 @@ def test_daemon_client_round_trip_and_quit(node: SimNode, env: dict[str, str]) -
         shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)
 
 
+def test_a_daemon_whose_log_cannot_be_written_goes_on_serving(node: SimNode, env: dict[str, str]) -> None:
+    """Found by the soak: the simulated daemon died when a log line could not be written (its directory's
+    disk full), so every MPS daemon of a node died when the plugin's directory filled up. The line is lost;
+    commands and clients are still served."""
+    assert control(node, env, "-d").returncode == 0
+    pipe = Path(env["CUDA_MPS_PIPE_DIRECTORY"])
+    pid = int((pipe / "nvidia-cuda-mps-control.pid").read_text())
+    log = Path(env["CUDA_MPS_LOG_DIRECTORY"]) / "control.log"
+    try:
+        log.unlink()
+        log.mkdir()  # no line can be appended to it any more
+        done = control(node, env, stdin="set_default_active_thread_percentage 40\nget_server_list\n")
+        assert done.returncode == 0, done.stderr
+        assert pid_alive(pid) and _record(node, pipe)["default_active_thread_percentage"] == 40
+        assert control(node, env, stdin="quit\n").returncode == 0
+    finally:
+        if pid_alive(pid):
+            os.kill(pid, 9)
+        shutil.rmtree(node.plugin_dir / "mps", ignore_errors=True)
+
+
 def test_client_without_daemon_fails(node: SimNode, env: dict[str, str]) -> None:
     done = control(node, env, stdin="get_server_list\n")
     assert done.returncode == 1 and "Cannot find MPS control daemon" in done.stderr

@@ -35,6 +35,9 @@ invariants of tests/soak/invariants.py); each bug also has a focused test next t
    first soak that runs workloads). An MPS server does not outlive its control daemon; NVML now says so too.
    -> tests/sharing/test_mps.py::
       test_a_mig_device_whose_daemon_was_killed_with_its_server_is_destroyed_at_unprepare
+10. The simulated MPS control daemon died when it could not append to its log (the plugin's directory full),
+   so every MPS daemon of the node died with a full disk and its tenants ran outside MPS (SOAK_SEED=32).
+   -> tests/sharing/test_mps_control.py::test_a_daemon_whose_log_cannot_be_written_goes_on_serving
 """
 
 from __future__ import annotations
