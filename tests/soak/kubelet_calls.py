@@ -104,8 +104,12 @@ class KubeletCalls(RunState):
                 claim.retry = "prepare"  # what was left of the cut call is still there: retried later
                 self.stats.outcomes["retry-refused"] += 1
             else:
-                self._explain(method, claim, error, window)
-                claim.phase = Phase.REFUSED
+                cause = self._explain(method, claim, error, window)
+                # A full disk can also stop the plugin from undoing what the prepare made (its checkpoint says
+                # what is left, for a retry or its stale-claim pass): such a claim may hold things until the
+                # kubelet's retry; any other refused claim must have left nothing.
+                claim.phase = Phase.IN_DOUBT if cause == "disk" else Phase.REFUSED
+                claim.retry = "prepare" if cause == "disk" else None
                 self.stats.outcomes["refused"] += 1
                 self.stats.refusals[refusal_reason(error)] += 1
         else:
@@ -122,13 +126,13 @@ class KubeletCalls(RunState):
             f"  {method} claim {claim.index} ({claim.kind}): {error[:160] or 'ok'} -> {claim.phase.value}"
         )
 
-    def _explain(self, method: str, claim: SoakClaim, error: str, window: tuple[float, float]) -> None:
-        """A refused prepare or a failed call must have a cause that was there while it ran."""
+    def _explain(self, method: str, claim: SoakClaim, error: str, window: tuple[float, float]) -> str:
+        """A refused prepare or a failed call must have a cause that was there while it ran; its cause."""
         others = [c for c in self.claims if c is not claim and (c.explained or c.uid in self.touched)]
         cause = explain(error, claim, others, self.facts, self.timeline, window)
         if cause is not None:
             self.stats.explained_by[cause] += 1
-            return
+            return cause
         detail = (
             f"claim {claim.index} ({claim.kind}): {method} failed with no fault in force and no conflict "
             f"to explain it (causes its text names: {causes_of(error) or 'none'}): {error[:400]}"

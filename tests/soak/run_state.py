@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from tests.soak.allocation import SchedulerModel
 from tests.soak.environment import NAMESPACE, SoakEnvironment
@@ -82,7 +82,7 @@ class RunState:
         found = [c for c in self.claims if c.phase in phases]
         return found[pick % len(found)] if found else None
 
-    def _fail(self, violation: Violation) -> None:
+    def _fail(self, violation: Violation) -> NoReturn:
         self.stats.violations.append(str(violation))
         recent = "\n".join(self.log[-40:])
         plugin_log = ""
