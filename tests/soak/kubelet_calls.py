@@ -94,6 +94,8 @@ class KubeletCalls(RunState):
                     )
                 if claim.phase is not Phase.PREPARED:
                     self.just_prepared.append(claim)  # its own checks, right after the step
+                else:
+                    self.prepared_again.append(claim)  # another pod of it: its tenants again
                 claim.phase, claim.retry, claim.answer = Phase.PREPARED, None, devices
                 claim.pods = max(claim.pods, 1)
                 self.stats.outcomes["prepared"] += 1

@@ -7,7 +7,8 @@ checks after them (`after_step`):
 2. the caps of every shares server, from the daemons' command logs (every cap sent since the last look) and,
    where no claim is in doubt, from what each server holds;
 3. the invariants of tests/soak/invariants.py over the whole node;
-4. after a fault step, the tenants of every prepared claim.
+4. after a fault step, the tenants of every prepared claim; after any other, those of the claims prepared
+   again (another pod of a prepared claim).
 
 Only `ASYNC_RULES` (repairs the plugin makes in the background) may take time to heal, and only while a fault
 that calls for such a repair is recent (`repairs_until`, at most SETTLE_S after it). `teardown_checks` ends
@@ -56,6 +57,7 @@ class SoakRun(SchedulerSteps, KubeletSteps, FaultSteps):
     def begin_step(self) -> None:
         self.touched = set()
         self.just_prepared = []
+        self.prepared_again = []
         self.live_before = {c.uid for c in self.claims if c.explained}
 
     def after_step(self, name: str) -> None:
@@ -71,6 +73,13 @@ class SoakRun(SchedulerSteps, KubeletSteps, FaultSteps):
             self._require(lambda: check(self.soak, self.claims, self.facts), settle=True)
             if name in FAULT_STEPS:
                 self._require(self._all_tenants, settle=True)
+            else:
+                again = [
+                    c
+                    for c in self.prepared_again
+                    if c.phase is Phase.PREPARED and c not in self.just_prepared
+                ]
+                self._require(lambda: self._all_tenants(again), settle=True)
         finally:
             self.stats.workload_checks += self.tenants.runs - runs
 
@@ -106,10 +115,11 @@ class SoakRun(SchedulerSteps, KubeletSteps, FaultSteps):
         found = [v for v in check(self.soak, self.claims, self.facts) if v.claim == claim.index]
         return found + self.tenants.check(claim, self.claims, self.facts, thorough=True)
 
-    def _all_tenants(self) -> list[Violation]:
+    def _all_tenants(self, claims: Sequence[SoakClaim] | None = None) -> list[Violation]:
+        """The tenants of every prepared claim (of `claims`) whose GPU is there."""
         lost = self.soak.lost_uuids()
         out: list[Violation] = []
-        for claim in self.claims:
+        for claim in self.claims if claims is None else claims:
             if (
                 claim.phase is Phase.PREPARED
                 and not claim.hardware_lost

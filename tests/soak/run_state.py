@@ -64,6 +64,7 @@ class RunState:
         self.timeline = FaultTimeline()  # when each injected fault was in force (explains refusals)
         self.touched: set[str] = set()  # uids of the claims under a call in the step under way
         self.just_prepared: list[SoakClaim] = []  # claims freshly prepared in that step: checked right after
+        self.prepared_again: list[SoakClaim] = []  # claims prepared again in that step (another pod)
         self.repairs_until = 0.0  # until then (time.monotonic()), repairs the plugin makes later may be due
         self.armed = 0  # fault points armed so far on this node
         self.soak.start_plugin()
