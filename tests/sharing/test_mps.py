@@ -467,6 +467,32 @@ def test_a_restart_killed_after_launching_leaves_no_daemon_behind(
     assert node.leftovers() == []
 
 
+def test_a_server_whose_gpu_fell_off_the_bus_is_gone_and_a_process_outside_mps_stays_refused(
+    node: SimNode,
+) -> None:
+    """Found by the soak: after a GPU fell off the bus and came back, its MPS server's context was gone, yet
+    the simulated daemon kept handing that server to new clients, so nothing held the GPU and a process
+    outside MPS got it in EXCLUSIVE_PROCESS. A server does not outlive its device: the next client gets a new
+    server, which holds the GPU again."""
+    from tests.support.container_view import sim_client
+
+    uuid = node.uuid()
+    manager = node.manager()
+    result = manager.prepare_group(
+        "claim-1", mps_config(defaultActiveThreadPercentage=30), [node.alloc("gpu-0")]
+    )
+    first = sim_client(result.edits, node.root)
+    nvml = node.hardware.nvml_module()
+    nvml.lose_gpu(0)
+    nvml.recover_gpu(0)
+    again = sim_client(result.edits, node.root)
+    assert again["mps"] and again["activeThreadPercentage"] == 30 and again["serverPid"] != first["serverPid"]
+    bare = sim_client(result.edits, node.root, "--gpu", uuid, env={"CUDA_MPS_PIPE_DIRECTORY": "/tmp/none"})
+    assert "busy or unavailable" in bare.get("error", ""), bare
+    manager.unprepare_group("claim-1", result.state)
+    assert node.leftovers() == []
+
+
 def test_unprepare_on_a_vanished_gpu_finishes_and_is_cleaned_when_it_returns(node: SimNode) -> None:
     uuid = node.uuid()
     node.hardware.set_compute_mode(uuid, ComputeMode.PROHIBITED)

@@ -38,6 +38,11 @@ invariants of tests/soak/invariants.py); each bug also has a focused test next t
 10. The simulated MPS control daemon died when it could not append to its log (the plugin's directory full),
    so every MPS daemon of the node died with a full disk and its tenants ran outside MPS (SOAK_SEED=32).
    -> tests/sharing/test_mps_control.py::test_a_daemon_whose_log_cannot_be_written_goes_on_serving
+11. After a GPU fell off the bus and came back, the simulated daemon kept handing its server (whose context
+   the GPU had lost) to new clients: nothing held the GPU, and a process outside MPS got an MPS claim's GPU
+   in EXCLUSIVE_PROCESS (`make soak`, SOAK_SEED=31). A server now dies with its device.
+   -> tests/sharing/test_mps.py::
+      test_a_server_whose_gpu_fell_off_the_bus_is_gone_and_a_process_outside_mps_stays_refused
 """
 
 from __future__ import annotations

@@ -268,6 +268,7 @@ class Daemon:
         # the running servers, one per line (none before a client has connected); get_client_list PID the pids
         # of that server's clients. Seen on an H200 (driver 580.159.04, 2026-11-27): one pid per line.
         if name == "get_server_list" and not args:
+            self._end_servers_that_lost_their_gpu()
             return "\n".join(str(s.pid) for s in self.servers), False
         if name == "get_client_list" and len(args) == 1:
             return "\n".join(str(c.pid) for c in self.server(args[0]).clients), False
@@ -421,6 +422,7 @@ class Daemon:
         """The server a client of `uid` gets (spawned if needed), None to wait, or CUDA's refusal text."""
         from dra_gpu.hardware.simulator.contexts import ContextRefusedError
 
+        self._end_servers_that_lost_their_gpu()
         if not self.multi_user:
             others = [s for s in self.servers if s.uid != uid]
             asked = [s for s in others if not s.shutting_down]
@@ -440,6 +442,19 @@ class Daemon:
         except ContextRefusedError as err:
             self.log(f"Server failed to start: {err} ({err.detail})")
             return str(err)
+
+    def _end_servers_that_lost_their_gpu(self) -> None:
+        """A server whose context is gone from its GPU (the GPU fell off the bus and came back: NVML's
+        `recover_gpu` drops every context it had) died with it: a CUDA context does not survive its device
+        going away. The next client gets a new server, with a context of its own (so compute mode
+        EXCLUSIVE_PROCESS sees it again; found by the soak: a bare process took such a GPU from its MPS
+        claim)."""
+        if not self.driver_root or self.store is None:
+            return
+        held = {(c.device_uuid, c.pid) for c in self.store.read().contexts if c.kind == "mps-server"}
+        for server in [s for s in self.servers if any((uuid, s.pid) not in held for uuid in s.gpus)]:
+            self.log(f"Server {server.pid} lost its device")
+            self.end_server(server)
 
     def detach(self, server: Server, client: Client) -> None:
         if client not in server.clients:
