@@ -8,6 +8,7 @@ unmet promise at once rather than the first one.
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import re
 from collections import Counter
@@ -168,6 +169,26 @@ def runtime_start_flake(pod: Mapping[str, Any]) -> str | None:
             if terminated.get("reason") == "StartError" and any(f in message for f in RUNTIME_START_FLAKES):
                 return message
     return None
+
+
+def manifest_to_make_again(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A Pod manifest that makes `pod` again as its author wrote it: its name, labels, annotations and spec,
+    less what the cluster filled in for this one (the node it was bound to, the service account token
+    volume the admission plugin adds to each new pod)."""
+    meta = pod["metadata"]
+    spec = copy.deepcopy(dict(pod["spec"]))
+    spec.pop("nodeName", None)
+    injected = {v["name"] for v in spec.get("volumes") or [] if v["name"].startswith("kube-api-access-")}
+    spec["volumes"] = [v for v in spec.get("volumes") or [] if v["name"] not in injected]
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        mounts = [m for m in container.get("volumeMounts") or [] if m["name"] not in injected]
+        container["volumeMounts"] = mounts
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "annotations") if k in meta},
+        "spec": spec,
+    }
 
 
 def container_devices(

@@ -16,6 +16,7 @@ from e2e.lib.expectations import (
     check_all,
     check_hardware_reset,
     leftover_cdi_specs,
+    manifest_to_make_again,
     mig_placement_of,
     mps_limit_bytes,
     runtime_start_flake,
@@ -283,6 +284,32 @@ def test_a_runtime_start_flake_is_told_apart_from_real_start_failures() -> None:
     assert runtime_start_flake(_failed_pod("p", "StartError", missing_cdi)) is None
     assert runtime_start_flake(_failed_pod("p", "Error", FREEZE)) is None
     assert runtime_start_flake(_failed_pod("p", "StartError", FREEZE, phase_now="Running")) is None
+
+
+def test_a_pod_made_again_is_its_authors_pod_not_the_clusters() -> None:
+    """What the chart tests re-create after a runtime start flake: the same name, labels, claims and
+    containers; not the node it was bound to (the scheduler places it again) nor the token volume the
+    cluster added to it (the new pod gets its own)."""
+    live = {
+        "metadata": {"name": "tenant-a", "namespace": "ns", "uid": "u1", "resourceVersion": "7",
+                     "labels": {"app": "t"}},
+        "spec": {
+            "nodeName": "worker", "restartPolicy": "Never",
+            "resourceClaims": [{"name": "share", "resourceClaimTemplateName": "tenant-a"}],
+            "volumes": [{"name": "kube-api-access-ab12c", "projected": {"sources": []}}, {"name": "data"}],
+            "containers": [{"name": "ctr", "image": "busybox", "volumeMounts": [
+                {"name": "kube-api-access-ab12c", "mountPath": "/var/run/secrets/kubernetes.io"},
+                {"name": "data", "mountPath": "/data"}]}],
+        },
+        "status": {"phase": "Failed"},
+    }  # fmt: skip
+    made = manifest_to_make_again(live)
+    assert made["metadata"] == {"name": "tenant-a", "namespace": "ns", "labels": {"app": "t"}}
+    assert "nodeName" not in made["spec"] and "status" not in made
+    assert made["spec"]["resourceClaims"] == live["spec"]["resourceClaims"]
+    assert made["spec"]["volumes"] == [{"name": "data"}]
+    assert made["spec"]["containers"][0]["volumeMounts"] == [{"name": "data", "mountPath": "/data"}]
+    assert live["spec"]["nodeName"] == "worker"  # the live object is left as it was
 
 
 class _RecordingKubectl:
